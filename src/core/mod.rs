@@ -1,0 +1,459 @@
+//! The sans-IO core: shared state and the per-attempt decision machine.
+//!
+//! [`Core`] holds the session table, the waiter registry, the lazy timers and
+//! the counters. It reads no clock (every call takes `now` in monotonic
+//! nanoseconds), calls no probe and spawns nothing. An [`Attempt`] is one
+//! `acquire` in progress: a small state machine that asks its driver to probe
+//! usage, probe the prefix, or sleep, and ends admitted or failed. The
+//! blocking [`Gate`](crate::Gate) drives it with threads and a real clock; a
+//! simulator or an event loop can drive the very same machine.
+//!
+//! ```
+//! use kvgate::core::{Core, Step, Notify};
+//! use kvgate::Config;
+//!
+//! struct NoWake;
+//! impl Notify for NoWake { fn notify(&self) {} }
+//!
+//! let core = Core::new(Config::default()).unwrap();
+//! let mut attempt = core.begin(b"session-1", 1000, 0, None, Box::new(NoWake)).unwrap();
+//! assert!(matches!(attempt.start(&core, 0), Step::ProbeUsage));
+//! // The engine says the cache is at 40%: admitted "open".
+//! let Step::Admitted(lease) = attempt.on_usage(&core, Some(0.40), 1) else { panic!() };
+//! assert_eq!(lease.admission().reason.as_str(), "open");
+//! core.release(lease, 2);
+//! ```
+
+mod attempt;
+pub(crate) mod decision;
+pub(crate) mod sessions;
+pub(crate) mod stats;
+pub(crate) mod timers;
+pub(crate) mod waiters;
+
+use std::fmt;
+use std::time::Duration;
+
+pub use attempt::{Admission, Attempt, LeaseToken, Step};
+pub use decision::Reason;
+pub use stats::{GateStats, ReservationState, SessionStats};
+pub use waiters::Notify;
+
+use crate::config::{Config, ConfigError};
+use crate::error::AcquireError;
+use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
+use decision::Thresholds;
+use sessions::{Reservation, SessionKey, SessionRecord, SessionTable, ShardMap};
+use stats::ShardCounters;
+use timers::TimerQueue;
+use waiters::{Slot, Waiters, CANCELLED, PREEMPTED};
+
+/// Most timer entries one caller fires at once: bounds the latency a purge
+/// adds to whoever happens to look; the rest is left to the next caller.
+const PURGE_BATCH: usize = 64;
+
+#[cfg(not(loom))]
+fn default_shard_bits() -> u32 {
+    // Enough shards that threads rarely meet on one lock; a few KiB each.
+    let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
+    (cpus * 8).next_power_of_two().clamp(16, 256).trailing_zeros()
+}
+
+#[cfg(loom)]
+fn default_shard_bits() -> u32 {
+    // Models stay small: two shards still exercise cross-shard paths.
+    1
+}
+
+/// The gate's shared state, driven through [`Attempt`]s.
+pub struct Core {
+    thresholds: Thresholds,
+    config: Config,
+    poll_ns: u64,
+    grace_ns: u64,
+    retention_ns: u64,
+    table: SessionTable,
+    waiters: Waiters,
+    grace_timers: TimerQueue,
+    retire_timers: TimerQueue,
+    /// Bumped by every capacity event (release, finish, expiry) before its
+    /// waiter is woken: an attempt that saw it change while it was probing
+    /// looks again instead of sleeping.
+    epoch: AtomicU64,
+    closed: AtomicBool,
+}
+
+impl fmt::Debug for Core {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Core")
+            .field("config", &self.config)
+            .field("closed", &self.closed.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    /// A core with validated `config`.
+    pub fn new(config: Config) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            thresholds: Thresholds {
+                high_watermark: config.high_watermark,
+                hit_threshold: config.hit_threshold,
+            },
+            poll_ns: config.wait_poll_ns(),
+            grace_ns: config.idle_grace_ns(),
+            retention_ns: config.session_retention_ns(),
+            config,
+            table: SessionTable::new(default_shard_bits()),
+            waiters: Waiters::new(),
+            grace_timers: TimerQueue::new(),
+            retire_timers: TimerQueue::new(),
+            epoch: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Begins an attempt for `session` at `now`.
+    ///
+    /// Any older attempt of the same session that is still competing for
+    /// admission is preempted here: its fate is sealed under the session's
+    /// lock and it is woken at once. `deadline` (absolute, same clock as
+    /// `now`) bounds how long the attempt may wait. `notifier` is how the
+    /// core wakes whoever drives this attempt.
+    pub fn begin(
+        &self,
+        session: &[u8],
+        prompt_len: usize,
+        now: u64,
+        deadline: Option<u64>,
+        notifier: Box<dyn Notify>,
+    ) -> Result<Attempt, AcquireError> {
+        let hash = self.table.hash(session);
+        let index = self.table.shard_index(hash);
+        let shard = self.table.shard(index);
+        if self.is_closed() {
+            shard.counters.closed.add(1);
+            return Err(AcquireError::Closed);
+        }
+        self.purge(now);
+        let (slot, key, superseded) = {
+            let mut map = shard.lock();
+            let id = map.ids.mint(index, self.table.shard_bits());
+            let slot = Arc::new(Slot::new(id, notifier));
+            let record = map.get_or_insert(session, hash, now, &shard.counters);
+            let superseded = record.pending.replace(slot.clone());
+            if let Some(old) = &superseded {
+                // Sealed under the lock: the old attempt can no longer be admitted.
+                if old.set_fate(PREEMPTED) {
+                    record.counters.preempted += 1;
+                    shard.counters.preempted.add(1);
+                }
+            } else {
+                shard.counters.pending_attempts.add(1);
+            }
+            record.newest_attempt = id;
+            record.finished = false;
+            record.last_activity = now;
+            record.counters.attempts += 1;
+            shard.counters.attempts.add(1);
+            (slot, record.key.clone(), superseded)
+        };
+        if let Some(old) = superseded {
+            self.waiters.wake_slot(&old);
+        }
+        Ok(Attempt::new(slot, key, prompt_len, now, deadline))
+    }
+
+    /// Releases a lease at `now` and hands the freed capacity to one waiter.
+    ///
+    /// Releasing the session's last retaining lease turns its reservation
+    /// into an idle grace window ending at `now + idle_grace`.
+    pub fn release(&self, lease: LeaseToken, now: u64) {
+        let (key, admission, window) = lease.into_parts();
+        let (index, shard) = self.shard_of(&key);
+        {
+            let mut map = shard.lock();
+            if let Some(record) = map.get_mut(&key) {
+                record.active_leases -= 1;
+                record.last_activity = now;
+                shard.counters.active_leases.sub(1);
+                shard.counters.releases.add(1);
+                if let (Some(window), Reservation::InFlight { holders, id }) =
+                    (window, record.reservation)
+                {
+                    if window == id {
+                        let next = if holders > 1 {
+                            Reservation::InFlight {
+                                holders: holders - 1,
+                                id,
+                            }
+                        } else if self.grace_ns == 0 {
+                            Reservation::None
+                        } else {
+                            Reservation::Grace {
+                                until: now.saturating_add(self.grace_ns),
+                                id,
+                            }
+                        };
+                        self.set_reservation(record, next, &shard.counters);
+                    }
+                }
+                debug_assert_eq!(admission.lease_id & self.shard_mask(), index as u64);
+                self.settle(&mut map, &key, now, &shard.counters);
+            } else {
+                debug_assert!(false, "a record with a live lease is never dropped");
+            }
+        }
+        self.capacity_event();
+    }
+
+    /// Ends `session`'s ownership window (and forgets the session once it
+    /// holds no lease and no attempt). Waiting attempts of the session are
+    /// left alone, as in the reference; see [`Core::cancel_session`].
+    /// Returns whether the session was known.
+    pub fn finish_session(&self, session: &[u8], now: u64) -> bool {
+        let hash = self.table.hash(session);
+        let key = SessionKey {
+            hash,
+            bytes: session.into(),
+        };
+        let (_, shard) = self.shard_of(&key);
+        let found = {
+            let mut map = shard.lock();
+            match map.get_mut(&key) {
+                Some(record) => {
+                    self.set_reservation(record, Reservation::None, &shard.counters);
+                    record.finished = true;
+                    shard.counters.sessions_finished.add(1);
+                    self.settle(&mut map, &key, now, &shard.counters);
+                    true
+                }
+                None => false,
+            }
+        };
+        self.capacity_event();
+        found
+    }
+
+    /// Cancels `session`'s attempt that is competing for admission, if any:
+    /// it returns [`AcquireError::Cancelled`] promptly. Returns whether one
+    /// was cancelled.
+    pub fn cancel_session(&self, session: &[u8]) -> bool {
+        let hash = self.table.hash(session);
+        let key = SessionKey {
+            hash,
+            bytes: session.into(),
+        };
+        let (_, shard) = self.shard_of(&key);
+        let target = {
+            let mut map = shard.lock();
+            map.get_mut(&key)
+                .and_then(|r| r.pending.clone())
+                .filter(|slot| slot.set_fate(CANCELLED))
+        };
+        match target {
+            Some(slot) => {
+                self.waiters.wake_slot(&slot);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes the core: every attempt in progress ends with
+    /// [`AcquireError::Closed`] and new ones are refused. Leases already
+    /// granted stay valid until released. Idempotent.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.waiters.wake_all();
+    }
+
+    /// Whether [`Core::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Tells sleeping attempts that time moved. Only needed with a clock that
+    /// does not advance on its own: the driver calls it after moving time.
+    pub fn clock_advanced(&self) {
+        self.waiters.wake_all();
+    }
+
+    /// Fires every due grace expiry and retirement. Called by every entry
+    /// point; hosts need not call it, but may (e.g. before scraping stats).
+    pub fn purge(&self, now: u64) {
+        let mut due = Vec::new();
+        let mut expired = false;
+        self.grace_timers.pop_due(now, PURGE_BATCH, &mut due);
+        for (deadline, key) in due.drain(..) {
+            let (_, shard) = self.shard_of(&key);
+            let mut map = shard.lock();
+            let Some(record) = map.get_mut(&key) else {
+                continue;
+            };
+            if record.grace_timer != Some(deadline) {
+                continue; // stale: superseded by a re-arm
+            }
+            record.grace_timer = None;
+            if let Reservation::Grace { until, .. } = record.reservation {
+                if until <= now {
+                    self.set_reservation(record, Reservation::None, &shard.counters);
+                    shard.counters.grace_expired.add(1);
+                    expired = true;
+                    self.settle(&mut map, &key, now, &shard.counters);
+                } else {
+                    // The window was renewed after this entry was armed.
+                    record.grace_timer = Some(until);
+                    self.grace_timers.arm(until, key.clone());
+                }
+            }
+        }
+        self.retire_timers.pop_due(now, PURGE_BATCH, &mut due);
+        for (deadline, key) in due.drain(..) {
+            let (_, shard) = self.shard_of(&key);
+            let mut map = shard.lock();
+            let Some(record) = map.get_mut(&key) else {
+                continue;
+            };
+            if record.retire_timer != Some(deadline) {
+                continue;
+            }
+            record.retire_timer = None;
+            self.settle(&mut map, &key, now, &shard.counters);
+        }
+        if expired {
+            self.capacity_event();
+        }
+    }
+
+    /// A snapshot of the gate-wide figures at `now` (due expiries fired first).
+    pub fn stats(&self, now: u64) -> GateStats {
+        self.purge(now);
+        let mut s = GateStats::default();
+        for shard in self.table.shards() {
+            shard.counters.add_into(&mut s);
+        }
+        s.waiting_attempts = self.waiters.sleeping() as u64;
+        s
+    }
+
+    /// A snapshot of one session's figures, or `None` if it is not tracked.
+    pub fn session_stats(&self, session: &[u8], now: u64) -> Option<SessionStats> {
+        self.purge(now);
+        let hash = self.table.hash(session);
+        let key = SessionKey {
+            hash,
+            bytes: session.into(),
+        };
+        let (_, shard) = self.shard_of(&key);
+        let mut map = shard.lock();
+        let r = map.get_mut(&key)?;
+        let reservation = match r.reservation {
+            Reservation::None => ReservationState::None,
+            Reservation::InFlight { holders, .. } => ReservationState::InFlight { leases: holders },
+            Reservation::Grace { until, .. } => ReservationState::Grace {
+                remaining: Duration::from_nanos(until.saturating_sub(now)),
+            },
+        };
+        Some(SessionStats {
+            num_preempted: r.counters.preempted,
+            attempts: r.counters.attempts,
+            admissions: r.counters.admissions,
+            waits: r.counters.waits,
+            wait_time: Duration::from_nanos(r.counters.wait_ns),
+            timed_out: r.counters.timed_out,
+            cancelled: r.counters.cancelled,
+            active_leases: r.active_leases,
+            attempt_pending: r.pending.is_some(),
+            reservation,
+            last_admitted_prompt_len: r.last_admitted_prompt_len,
+            idle_for: Duration::from_nanos(now.saturating_sub(r.last_activity)),
+        })
+    }
+
+    /// Number of timer entries held (live and stale), for memory accounting.
+    pub fn timer_entries(&self) -> usize {
+        self.grace_timers.len() + self.retire_timers.len()
+    }
+
+    // ---- internals shared with `Attempt` ----
+
+    fn shard_mask(&self) -> u64 {
+        (1u64 << self.table.shard_bits()) - 1
+    }
+
+    fn shard_of(&self, key: &SessionKey) -> (usize, &sessions::Shard) {
+        let index = self.table.shard_index(key.hash);
+        (index, self.table.shard(index))
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Capacity may have been freed: bump the epoch, then wake one sleeper.
+    fn capacity_event(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        if self.waiters.sleeping() > 0 {
+            self.waiters.wake_one();
+        }
+    }
+
+    /// Passes an event this attempt received but did not use to the next sleeper.
+    fn pass_on_event(&self) {
+        if self.waiters.sleeping() > 0 {
+            self.waiters.wake_one();
+        }
+    }
+
+    /// Moves `record` to reservation `next`, keeping gauges and timers right.
+    fn set_reservation(&self, record: &mut SessionRecord, next: Reservation, c: &ShardCounters) {
+        match record.reservation {
+            Reservation::None => {}
+            Reservation::InFlight { .. } => c.reserved_in_flight.sub(1),
+            Reservation::Grace { .. } => c.reserved_in_grace.sub(1),
+        }
+        match next {
+            Reservation::None => {}
+            Reservation::InFlight { .. } => c.reserved_in_flight.add(1),
+            Reservation::Grace { until, .. } => {
+                c.reserved_in_grace.add(1);
+                // One live entry per record: an earlier entry re-arms itself when it fires.
+                if record.grace_timer.is_none_or(|armed| armed > until) {
+                    record.grace_timer = Some(until);
+                    self.grace_timers.arm(until, record.key.clone());
+                }
+                self.waiters.expiry_added(until);
+            }
+        }
+        record.reservation = next;
+    }
+
+    /// After any change to a record: drop it if it is idle and finished or
+    /// past retention, or arm its retirement if it just became idle.
+    fn settle(&self, map: &mut ShardMap, key: &SessionKey, now: u64, c: &ShardCounters) {
+        let Some(record) = map.get_mut(key) else {
+            return;
+        };
+        if !record.is_idle() {
+            return;
+        }
+        let retire_at = record.last_activity.saturating_add(self.retention_ns);
+        if record.finished || retire_at <= now {
+            if !record.finished {
+                c.sessions_retired.add(1);
+            }
+            map.sessions.remove(&key.bytes[..]);
+            c.tracked_sessions.sub(1);
+        } else if record.retire_timer.is_none_or(|armed| armed > retire_at) {
+            record.retire_timer = Some(retire_at);
+            self.retire_timers.arm(retire_at, record.key.clone());
+        }
+    }
+}

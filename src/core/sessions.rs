@@ -1,0 +1,233 @@
+//! The session table: one record per tracked session, in lock-sharded maps.
+//!
+//! A session's record lives in the shard its id hashes to and is only ever
+//! touched under that shard's lock, so operations on different sessions run
+//! in parallel and operations on one session are linearised by one lock.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc as StdArc;
+
+use crossbeam_utils::CachePadded;
+
+use crate::core::stats::ShardCounters;
+use crate::core::waiters::Slot;
+use crate::sync::{Arc, Mutex, MutexGuard};
+
+/// A session id with its precomputed hash. Cloning shares the bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SessionKey {
+    pub(crate) hash: u64,
+    // std Arc: immutable bytes need no model checking.
+    pub(crate) bytes: StdArc<[u8]>,
+}
+
+/// A session's ownership window.
+///
+/// State table (all transitions under the shard lock):
+///
+/// | from       | event                                   | to                          |
+/// |------------|-----------------------------------------|-----------------------------|
+/// | `None`     | retaining admission                     | `InFlight{holders: 1}`      |
+/// | `InFlight` | retaining admission (overlapping retry) | `InFlight{holders + 1}`     |
+/// | `InFlight` | release of a retaining lease, holders>1 | `InFlight{holders - 1}`     |
+/// | `InFlight` | release of the last retaining lease     | `Grace{until: now + grace}` (`None` if grace is 0) |
+/// | `Grace`    | retaining admission                     | `InFlight{holders: 1}` (same window) |
+/// | `Grace`    | purge at or after `until`               | `None`                      |
+/// | any        | `finish_session`                        | `None`                      |
+///
+/// `id` names one window; a lease remembers the window it holds, so a lease
+/// released after `finish_session` cannot bring a finished window back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reservation {
+    None,
+    InFlight { holders: u32, id: u64 },
+    Grace { until: u64, id: u64 },
+}
+
+impl Reservation {
+    /// Whether the session owns the reservation at `now`.
+    pub(crate) fn held_at(self, now: u64) -> bool {
+        match self {
+            Reservation::None => false,
+            Reservation::InFlight { .. } => true,
+            // A window ending at `until` is over at `until` (the reference purges `expiry <= now`).
+            Reservation::Grace { until, .. } => now < until,
+        }
+    }
+}
+
+/// Per-session counters, reported by `session_stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SessionCounters {
+    pub(crate) attempts: u64,
+    pub(crate) admissions: u64,
+    pub(crate) preempted: u64,
+    pub(crate) waits: u64,
+    pub(crate) wait_ns: u64,
+    pub(crate) timed_out: u64,
+    pub(crate) cancelled: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct SessionRecord {
+    pub(crate) key: SessionKey,
+    /// The attempt currently competing for admission (probing or waiting).
+    pub(crate) pending: Option<Arc<Slot>>,
+    /// Id of the newest attempt begun; an older one is never admitted.
+    pub(crate) newest_attempt: u64,
+    pub(crate) active_leases: u32,
+    pub(crate) reservation: Reservation,
+    /// Set by `finish_session` while leases or an attempt still exist; the
+    /// record is dropped as soon as it becomes idle.
+    pub(crate) finished: bool,
+    /// Deadline of this record's live entry in the grace queue, if any.
+    pub(crate) grace_timer: Option<u64>,
+    /// Deadline of this record's live entry in the retire queue, if any.
+    pub(crate) retire_timer: Option<u64>,
+    pub(crate) counters: SessionCounters,
+    /// Prompt length of the newest admitted attempt and when the session was
+    /// last active: what a footprint-aware pressure signal needs.
+    pub(crate) last_admitted_prompt_len: usize,
+    pub(crate) last_activity: u64,
+}
+
+impl SessionRecord {
+    fn new(key: SessionKey, now: u64) -> Self {
+        Self {
+            key,
+            pending: None,
+            newest_attempt: 0,
+            active_leases: 0,
+            reservation: Reservation::None,
+            finished: false,
+            grace_timer: None,
+            retire_timer: None,
+            counters: SessionCounters::default(),
+            last_admitted_prompt_len: 0,
+            last_activity: now,
+        }
+    }
+
+    /// No lease, no competing attempt, no reservation: nothing to protect.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.pending.is_none()
+            && self.active_leases == 0
+            && self.reservation == Reservation::None
+    }
+}
+
+/// The map half of a shard, guarded by the shard lock.
+#[derive(Debug, Default)]
+pub(crate) struct ShardMap {
+    pub(crate) sessions: HashMap<StdArc<[u8]>, SessionRecord>,
+    /// Source of attempt, lease and window ids minted in this shard.
+    pub(crate) ids: IdMint,
+}
+
+/// Mints ids unique across the gate without a shared counter: a per-shard
+/// sequence number with the shard index in the low bits. Ids of one session
+/// (always in one shard) grow over time.
+#[derive(Debug, Default)]
+pub(crate) struct IdMint {
+    next_seq: u64,
+}
+
+impl IdMint {
+    pub(crate) fn mint(&mut self, shard_index: usize, shard_bits: u32) -> u64 {
+        self.next_seq += 1;
+        (self.next_seq << shard_bits) | shard_index as u64
+    }
+}
+
+impl ShardMap {
+
+    pub(crate) fn get_mut(&mut self, key: &SessionKey) -> Option<&mut SessionRecord> {
+        self.sessions.get_mut(&key.bytes[..])
+    }
+
+    /// Returns the record for `bytes`, creating it (and counting it) if new.
+    pub(crate) fn get_or_insert(
+        &mut self,
+        bytes: &[u8],
+        hash: u64,
+        now: u64,
+        counters: &ShardCounters,
+    ) -> &mut SessionRecord {
+        // Two lookups on the insert path keep the hit path free of allocation.
+        if !self.sessions.contains_key(bytes) {
+            let key = SessionKey {
+                hash,
+                bytes: StdArc::from(bytes),
+            };
+            counters.tracked_sessions.add(1);
+            self.sessions
+                .insert(key.bytes.clone(), SessionRecord::new(key, now));
+        }
+        self.sessions.get_mut(bytes).expect("inserted above")
+    }
+}
+
+/// One lock-sharded slice of the session table with its own counters.
+#[derive(Debug)]
+pub(crate) struct Shard {
+    map: Mutex<ShardMap>,
+    pub(crate) counters: ShardCounters,
+}
+
+impl Shard {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ShardMap> {
+        self.map.lock()
+    }
+}
+
+/// The whole table: a power-of-two number of shards.
+#[derive(Debug)]
+pub(crate) struct SessionTable {
+    hasher: RandomState,
+    shards: Box<[CachePadded<Shard>]>,
+    shard_bits: u32,
+}
+
+impl SessionTable {
+    pub(crate) fn new(shard_bits: u32) -> Self {
+        let shards = (0..1usize << shard_bits)
+            .map(|_| {
+                CachePadded::new(Shard {
+                    map: Mutex::new(ShardMap::default()),
+                    counters: ShardCounters::default(),
+                })
+            })
+            .collect();
+        Self {
+            hasher: RandomState::new(),
+            shards,
+            shard_bits,
+        }
+    }
+
+    pub(crate) fn hash(&self, bytes: &[u8]) -> u64 {
+        self.hasher.hash_one(bytes)
+    }
+
+    pub(crate) fn shard_index(&self, hash: u64) -> usize {
+        // High bits: HashMap uses the low ones inside the shard.
+        if self.shard_bits == 0 {
+            0
+        } else {
+            (hash >> (64 - self.shard_bits)) as usize
+        }
+    }
+
+    pub(crate) fn shard(&self, index: usize) -> &Shard {
+        &self.shards[index]
+    }
+
+    pub(crate) fn shard_bits(&self) -> u32 {
+        self.shard_bits
+    }
+
+    pub(crate) fn shards(&self) -> impl Iterator<Item = &Shard> {
+        self.shards.iter().map(|s| &**s)
+    }
+}

@@ -1,0 +1,207 @@
+//! The blocking gate: drives the sans-IO core with the calling thread, the
+//! host's probes and a monotonic clock.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::config::{duration_ns, Config, ConfigError};
+use crate::core::{Attempt, Core, GateStats, LeaseToken, SessionStats, Step};
+use crate::error::AcquireError;
+use crate::lease::Lease;
+use crate::parker::{Parker, ParkerHandle};
+use crate::probe::Probe;
+use crate::sync::Arc;
+
+pub(crate) struct Shared {
+    core: Core,
+    probe: Box<dyn Probe>,
+    clock: Box<dyn Clock>,
+}
+
+impl Shared {
+    pub(crate) fn release(&self, token: LeaseToken) {
+        self.core.release(token, self.clock.now_ns());
+    }
+}
+
+/// The session-level admission gate.
+///
+/// Cheap to clone (all clones share one gate) and safe to use from any
+/// number of threads. No thread is ever spawned: a thread calling
+/// [`Gate::acquire`] runs the probes itself and sleeps on its own parker
+/// while it waits; expired grace windows are purged by whoever calls next.
+#[derive(Clone)]
+pub struct Gate {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("core", &self.shared.core)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Ends the attempt if its driver unwinds (a probe panicked), so no pending
+/// slot is left behind.
+struct Driving<'a> {
+    shared: &'a Shared,
+    attempt: Attempt,
+}
+
+impl Drop for Driving<'_> {
+    fn drop(&mut self) {
+        self.attempt
+            .abandon(&self.shared.core, self.shared.clock.now_ns());
+    }
+}
+
+impl Gate {
+    /// A gate with `config`, asking `probe`, on the real monotonic clock.
+    pub fn new(config: Config, probe: impl Probe + 'static) -> Result<Self, ConfigError> {
+        Self::with_clock(config, probe, MonotonicClock::new())
+    }
+
+    /// A gate on an injected clock (tests, simulations, models). With a
+    /// clock that does not advance on its own, call [`Gate::clock_advanced`]
+    /// after moving it.
+    pub fn with_clock(
+        config: Config,
+        probe: impl Probe + 'static,
+        clock: impl Clock + 'static,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self {
+            shared: Arc::new(Shared {
+                core: Core::new(config)?,
+                probe: Box::new(probe),
+                clock: Box::new(clock),
+            }),
+        })
+    }
+
+    /// Blocks until the turn of `session` carrying `prompt` is admitted.
+    ///
+    /// Returns the lease, or why it was not admitted: [`AcquireError::Preempted`]
+    /// when a newer attempt of the same session began meanwhile,
+    /// [`AcquireError::Cancelled`] after [`Gate::cancel_session`],
+    /// [`AcquireError::Closed`] after [`Gate::close`].
+    pub fn acquire(&self, session: &[u8], prompt: &[u32]) -> Result<Lease, AcquireError> {
+        self.acquire_until(session, prompt, None)
+    }
+
+    /// Like [`Gate::acquire`], giving up with [`AcquireError::TimedOut`] once
+    /// `timeout` has passed without admission. A zero timeout makes one pass
+    /// through the table and fails instead of waiting. A probe answer that
+    /// admits is honoured even if it arrived after the deadline (a probe
+    /// cannot be interrupted).
+    pub fn acquire_timeout(
+        &self,
+        session: &[u8],
+        prompt: &[u32],
+        timeout: Duration,
+    ) -> Result<Lease, AcquireError> {
+        let deadline = self
+            .shared
+            .clock
+            .now_ns()
+            .saturating_add(duration_ns(timeout));
+        self.acquire_until(session, prompt, Some(deadline))
+    }
+
+    fn acquire_until(
+        &self,
+        session: &[u8],
+        prompt: &[u32],
+        deadline: Option<u64>,
+    ) -> Result<Lease, AcquireError> {
+        let shared = &*self.shared;
+        let clock = &*shared.clock;
+        let parker = Parker::new();
+        let attempt = shared.core.begin(
+            session,
+            prompt.len(),
+            clock.now_ns(),
+            deadline,
+            Box::new(ParkerHandle(parker.clone())),
+        )?;
+        let mut driving = Driving { shared, attempt };
+        let core = &shared.core;
+        let mut step = driving.attempt.start(core, clock.now_ns());
+        loop {
+            step = match step {
+                Step::ProbeUsage => {
+                    let raw = shared.probe.kv_cache_usage(session);
+                    driving.attempt.on_usage(core, raw, clock.now_ns())
+                }
+                Step::ProbePrefix => {
+                    let raw = shared.probe.prefix_hit_ratio(session, prompt);
+                    driving.attempt.on_prefix(core, raw, clock.now_ns())
+                }
+                Step::Sleep { until_ns } => {
+                    parker.park_until(clock, until_ns);
+                    driving.attempt.on_wake(core, clock.now_ns())
+                }
+                Step::Admitted(token) => return Ok(Lease::new(self.shared.clone(), token)),
+                Step::Failed(err) => return Err(err),
+            };
+        }
+    }
+
+    /// Ends `session`'s ownership window and forgets the session once it
+    /// holds no lease and no attempt; wakes a waiter. An attempt of the
+    /// session still waiting is not cancelled (see [`Gate::cancel_session`]).
+    /// Returns whether the session was known.
+    pub fn finish_session(&self, session: &[u8]) -> bool {
+        self.shared
+            .core
+            .finish_session(session, self.shared.clock.now_ns())
+    }
+
+    /// Cancels the attempt of `session` that is waiting for admission (at
+    /// most one exists): it returns [`AcquireError::Cancelled`] promptly.
+    /// Returns whether there was one.
+    pub fn cancel_session(&self, session: &[u8]) -> bool {
+        self.shared.core.cancel_session(session)
+    }
+
+    /// Closes the gate: attempts in progress return [`AcquireError::Closed`],
+    /// new ones are refused. Leases already granted stay valid. Idempotent.
+    pub fn close(&self) {
+        self.shared.core.close();
+    }
+
+    /// Whether [`Gate::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.shared.core.is_closed()
+    }
+
+    /// Gate-wide figures (due expiries are fired first).
+    pub fn stats(&self) -> GateStats {
+        self.shared.core.stats(self.shared.clock.now_ns())
+    }
+
+    /// One session's figures, or `None` if the session is not tracked.
+    pub fn session_stats(&self, session: &[u8]) -> Option<SessionStats> {
+        self.shared
+            .core
+            .session_stats(session, self.shared.clock.now_ns())
+    }
+
+    /// Gate-wide figures in Prometheus text exposition format.
+    pub fn metrics_text(&self) -> String {
+        self.stats().to_prometheus()
+    }
+
+    /// Wakes sleeping attempts to look at the clock again. Only needed with
+    /// a clock that does not advance on its own, after moving it.
+    pub fn clock_advanced(&self) {
+        self.shared.core.clock_advanced();
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        self.shared.core.config()
+    }
+}

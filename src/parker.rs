@@ -1,0 +1,57 @@
+//! How a thread blocked in `Gate::acquire` sleeps and is woken.
+
+use crate::clock::Clock;
+use crate::core::Notify;
+use crate::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// A one-token parker: `notify` leaves a token that the next (or current)
+/// `park_until` consumes, so a wake-up that arrives before the thread parks
+/// is not lost.
+#[derive(Debug)]
+pub(crate) struct Parker {
+    token: Mutex<bool>,
+    condvar: Condvar,
+}
+
+impl Parker {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            token: Mutex::new(false),
+            condvar: Condvar::new(),
+        })
+    }
+
+    /// Sleeps until notified or until `clock` reaches `until_ns`. With a clock
+    /// that does not advance on its own, only a notification ends the sleep
+    /// (the clock's owner wakes sleepers through `Gate::clock_advanced`).
+    pub(crate) fn park_until(&self, clock: &dyn Clock, until_ns: u64) {
+        let mut token = self.token.lock();
+        while !*token {
+            let now = clock.now_ns();
+            if now >= until_ns {
+                break;
+            }
+            token = if clock.advances_on_its_own() {
+                self.condvar
+                    .wait_timeout(token, Duration::from_nanos(until_ns - now))
+            } else {
+                self.condvar.wait(token)
+            };
+        }
+        *token = false;
+    }
+}
+
+/// The core holds this to wake the parked thread.
+#[derive(Debug)]
+pub(crate) struct ParkerHandle(pub(crate) Arc<Parker>);
+
+impl Notify for ParkerHandle {
+    fn notify(&self) {
+        let mut token = self.0.token.lock();
+        *token = true;
+        drop(token);
+        self.0.condvar.notify_one();
+    }
+}

@@ -1,0 +1,77 @@
+//! The engine probes the gate asks before admitting a turn under pressure.
+
+/// Answers the gate's two questions about the engine.
+///
+/// In production both are RPCs to the engine (vLLM UTILITY calls): they may
+/// be slow, they run on the acquiring thread, possibly on many threads at
+/// once, and never while the gate holds a lock, so a probe may itself call
+/// back into the gate. `None` means "unavailable"; so does any value that is
+/// NaN, infinite or outside `[0, 1]` (the gate counts those separately as
+/// invalid answers).
+pub trait Probe: Send + Sync {
+    /// Fraction of the engine's KV blocks in use (vLLM's `kv_cache_usage`),
+    /// as seen by the replica serving `session`.
+    fn kv_cache_usage(&self, session: &[u8]) -> Option<f64>;
+
+    /// Fraction of `prompt` whose KV blocks are resident in the prefix cache
+    /// of the replica serving `session` (longest cached prefix / prompt length).
+    fn prefix_hit_ratio(&self, session: &[u8], prompt: &[u32]) -> Option<f64>;
+}
+
+impl<P: Probe + ?Sized> Probe for std::sync::Arc<P> {
+    fn kv_cache_usage(&self, session: &[u8]) -> Option<f64> {
+        (**self).kv_cache_usage(session)
+    }
+
+    fn prefix_hit_ratio(&self, session: &[u8], prompt: &[u32]) -> Option<f64> {
+        (**self).prefix_hit_ratio(session, prompt)
+    }
+}
+
+/// What a probe answered, once sanitised.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ProbeAnswer {
+    /// A usable fraction in `[0, 1]`.
+    Value(f64),
+    /// The probe said it had no answer (`None`).
+    Unavailable,
+    /// The probe answered NaN, an infinity or a value outside `[0, 1]`;
+    /// treated exactly like `Unavailable`, counted apart so misconfigured
+    /// probes show up in the stats.
+    Invalid,
+}
+
+impl ProbeAnswer {
+    /// Sanitises a raw probe answer.
+    pub fn from_raw(raw: Option<f64>) -> Self {
+        match raw {
+            None => Self::Unavailable,
+            Some(v) if v.is_finite() && (0.0..=1.0).contains(&v) => Self::Value(v),
+            Some(_) => Self::Invalid,
+        }
+    }
+
+    /// The usable value, if any.
+    pub fn value(self) -> Option<f64> {
+        match self {
+            Self::Value(v) => Some(v),
+            Self::Unavailable | Self::Invalid => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProbeAnswer;
+
+    #[test]
+    fn only_finite_fractions_are_values() {
+        assert_eq!(ProbeAnswer::from_raw(Some(0.0)), ProbeAnswer::Value(0.0));
+        assert_eq!(ProbeAnswer::from_raw(Some(1.0)), ProbeAnswer::Value(1.0));
+        assert_eq!(ProbeAnswer::from_raw(None), ProbeAnswer::Unavailable);
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.1, 1.1] {
+            assert_eq!(ProbeAnswer::from_raw(Some(bad)), ProbeAnswer::Invalid);
+            assert_eq!(ProbeAnswer::from_raw(Some(bad)).value(), None);
+        }
+    }
+}

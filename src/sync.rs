@@ -1,0 +1,114 @@
+//! The one place where kvgate picks its synchronisation primitives.
+//!
+//! Normally these are `std` atomics and `parking_lot` locks; under
+//! `RUSTFLAGS="--cfg loom"` they are loom's model-checked twins, so the loom
+//! suites in `tests/loom_*.rs` explore every interleaving of the real code.
+//! The API is std-shaped (guards by value), like tokio's loom facade, because
+//! that is the shape loom offers: parking_lot is wrapped to match it.
+
+#[cfg(not(loom))]
+mod imp {
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A mutex whose `lock` cannot fail (parking_lot has no poisoning).
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+
+    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(parking_lot::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock()
+        }
+    }
+
+    /// A condition variable with std's by-value guard API.
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(parking_lot::Condvar::new())
+        }
+
+        pub(crate) fn wait<'a, T>(&self, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(&mut guard);
+            guard
+        }
+
+        /// Waits at most `timeout`; spurious wake-ups are possible, callers loop.
+        pub(crate) fn wait_timeout<'a, T>(
+            &self,
+            mut guard: MutexGuard<'a, T>,
+            timeout: Duration,
+        ) -> MutexGuard<'a, T> {
+            let _ = self.0.wait_for(&mut guard, timeout);
+            guard
+        }
+
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+    }
+}
+
+#[cfg(loom)]
+mod imp {
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::Arc;
+    use std::time::Duration;
+
+    #[derive(Debug)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(loom::sync::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            // loom only poisons when a model thread panicked, which already fails the model.
+            self.0.lock().expect("loom mutex poisoned")
+        }
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct Condvar(loom::sync::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(loom::sync::Condvar::new())
+        }
+
+        pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(guard).expect("loom mutex poisoned")
+        }
+
+        /// loom has no time: this is a plain wait (it never times out), so
+        /// models drive deadlines with a manual clock and `Gate::clock_advanced`.
+        pub(crate) fn wait_timeout<'a, T>(
+            &self,
+            guard: MutexGuard<'a, T>,
+            timeout: Duration,
+        ) -> MutexGuard<'a, T> {
+            self.0
+                .wait_timeout(guard, timeout)
+                .expect("loom mutex poisoned")
+                .0
+        }
+
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+    }
+}
+
+pub(crate) use imp::*;
