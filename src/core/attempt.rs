@@ -201,7 +201,11 @@ impl Attempt {
 
     /// Feeds the prefix probe's raw answer, received at `now`.
     pub fn on_prefix(&mut self, core: &Core, raw: Option<f64>, now: u64) -> Step {
-        assert_eq!(self.phase, Phase::AwaitPrefix, "on_prefix answers ProbePrefix");
+        assert_eq!(
+            self.phase,
+            Phase::AwaitPrefix,
+            "on_prefix answers ProbePrefix"
+        );
         let answer = ProbeAnswer::from_raw(raw);
         let c = &core.shard_of(&self.key).1.counters;
         c.prefix_probes.add(1);
@@ -229,7 +233,7 @@ impl Attempt {
         }
         let poll_due = self.poll_deadline.is_some_and(|p| now >= p);
         if self.holding_event || poll_due {
-            core.waiters.dequeue(&self.slot);
+            core.waiters.dequeue(&self.slot, &core.grace_timers);
             return self.new_pass(core, now);
         }
         if self.deadline.is_some_and(|d| now >= d) {
@@ -424,7 +428,7 @@ impl Attempt {
     fn fail(&mut self, core: &Core, err: AcquireError, now: u64) -> Step {
         debug_assert_ne!(self.phase, Phase::Done);
         self.phase = Phase::Done;
-        core.waiters.dequeue(&self.slot);
+        core.waiters.dequeue(&self.slot, &core.grace_timers);
         let (_, shard) = core.shard_of(&self.key);
         {
             let mut map = shard.lock();
@@ -469,4 +473,3 @@ impl Attempt {
         Step::Failed(err)
     }
 }
-

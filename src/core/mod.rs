@@ -56,7 +56,10 @@ const PURGE_BATCH: usize = 64;
 fn default_shard_bits() -> u32 {
     // Enough shards that threads rarely meet on one lock; a few KiB each.
     let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
-    (cpus * 8).next_power_of_two().clamp(16, 256).trailing_zeros()
+    (cpus * 8)
+        .next_power_of_two()
+        .clamp(16, 256)
+        .trailing_zeros()
 }
 
 #[cfg(loom)]
@@ -165,7 +168,7 @@ impl Core {
             (slot, record.key.clone(), superseded)
         };
         if let Some(old) = superseded {
-            self.waiters.wake_slot(&old);
+            self.waiters.wake_slot(&old, &self.grace_timers);
         }
         Ok(Attempt::new(slot, key, prompt_len, now, deadline))
     }
@@ -259,7 +262,7 @@ impl Core {
         };
         match target {
             Some(slot) => {
-                self.waiters.wake_slot(&slot);
+                self.waiters.wake_slot(&slot, &self.grace_timers);
                 true
             }
             None => false,
@@ -304,6 +307,7 @@ impl Core {
             if let Reservation::Grace { until, .. } = record.reservation {
                 if until <= now {
                     self.set_reservation(record, Reservation::None, &shard.counters);
+                    record.window_ended = until;
                     shard.counters.grace_expired.add(1);
                     expired = true;
                     self.settle(&mut map, &key, now, &shard.counters);
@@ -332,9 +336,12 @@ impl Core {
         }
     }
 
-    /// A snapshot of the gate-wide figures at `now` (due expiries fired first).
+    /// A snapshot of the gate-wide figures at `now` (every due expiry and
+    /// retirement fired first, however many).
     pub fn stats(&self, now: u64) -> GateStats {
-        self.purge(now);
+        while self.grace_timers.earliest() <= now || self.retire_timers.earliest() <= now {
+            self.purge(now);
+        }
         let mut s = GateStats::default();
         for shard in self.table.shards() {
             shard.counters.add_into(&mut s);
@@ -355,6 +362,8 @@ impl Core {
         let mut map = shard.lock();
         let r = map.get_mut(&key)?;
         let reservation = match r.reservation {
+            // Expired but not yet purged (purges are batched): already over.
+            Reservation::Grace { until, .. } if until <= now => ReservationState::None,
             Reservation::None => ReservationState::None,
             Reservation::InFlight { holders, .. } => ReservationState::InFlight { leases: holders },
             Reservation::Grace { until, .. } => ReservationState::Grace {
@@ -401,14 +410,14 @@ impl Core {
     fn capacity_event(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         if self.waiters.sleeping() > 0 {
-            self.waiters.wake_one();
+            self.waiters.wake_one(&self.grace_timers);
         }
     }
 
     /// Passes an event this attempt received but did not use to the next sleeper.
     fn pass_on_event(&self) {
         if self.waiters.sleeping() > 0 {
-            self.waiters.wake_one();
+            self.waiters.wake_one(&self.grace_timers);
         }
     }
 
@@ -444,7 +453,10 @@ impl Core {
         if !record.is_idle() {
             return;
         }
-        let retire_at = record.last_activity.saturating_add(self.retention_ns);
+        let retire_at = record
+            .last_activity
+            .max(record.window_ended)
+            .saturating_add(self.retention_ns);
         if record.finished || retire_at <= now {
             if !record.finished {
                 c.sessions_retired.add(1);

@@ -90,6 +90,9 @@ pub(crate) struct SessionRecord {
     /// last active: what a footprint-aware pressure signal needs.
     pub(crate) last_admitted_prompt_len: usize,
     pub(crate) last_activity: u64,
+    /// When the last grace window ran out: idleness (and so retention)
+    /// starts at the later of this and `last_activity`.
+    pub(crate) window_ended: u64,
 }
 
 impl SessionRecord {
@@ -106,14 +109,13 @@ impl SessionRecord {
             counters: SessionCounters::default(),
             last_admitted_prompt_len: 0,
             last_activity: now,
+            window_ended: 0,
         }
     }
 
     /// No lease, no competing attempt, no reservation: nothing to protect.
     pub(crate) fn is_idle(&self) -> bool {
-        self.pending.is_none()
-            && self.active_leases == 0
-            && self.reservation == Reservation::None
+        self.pending.is_none() && self.active_leases == 0 && self.reservation == Reservation::None
     }
 }
 
@@ -141,7 +143,6 @@ impl IdMint {
 }
 
 impl ShardMap {
-
     pub(crate) fn get_mut(&mut self, key: &SessionKey) -> Option<&mut SessionRecord> {
         self.sessions.get_mut(&key.bytes[..])
     }

@@ -221,16 +221,36 @@ impl GateStats {
             &invalid,
         );
         let scalars: [(&str, &str, &str, f64); 14] = [
-            ("attempts_total", "counter", "Attempts begun.", self.attempts as f64),
-            ("waits_total", "counter", "Attempts that waited at least once.", self.waits as f64),
+            (
+                "attempts_total",
+                "counter",
+                "Attempts begun.",
+                self.attempts as f64,
+            ),
+            (
+                "waits_total",
+                "counter",
+                "Attempts that waited at least once.",
+                self.waits as f64,
+            ),
             (
                 "wait_seconds_total",
                 "counter",
                 "Time spent in acquire by attempts that waited.",
                 self.wait_time.as_secs_f64(),
             ),
-            ("releases_total", "counter", "Leases released.", self.releases as f64),
-            ("grace_expired_total", "counter", "Grace windows that expired.", self.grace_expired as f64),
+            (
+                "releases_total",
+                "counter",
+                "Leases released.",
+                self.releases as f64,
+            ),
+            (
+                "grace_expired_total",
+                "counter",
+                "Grace windows that expired.",
+                self.grace_expired as f64,
+            ),
             (
                 "sessions_finished_total",
                 "counter",
@@ -243,7 +263,12 @@ impl GateStats {
                 "Idle session records dropped after the retention period.",
                 self.sessions_retired as f64,
             ),
-            ("active_leases", "gauge", "Leases held.", self.active_leases as f64),
+            (
+                "active_leases",
+                "gauge",
+                "Leases held.",
+                self.active_leases as f64,
+            ),
             (
                 "pending_attempts",
                 "gauge",
@@ -268,7 +293,12 @@ impl GateStats {
                 "Sessions in their idle grace window.",
                 self.reserved_in_grace as f64,
             ),
-            ("tracked_sessions", "gauge", "Session records kept.", self.tracked_sessions as f64),
+            (
+                "tracked_sessions",
+                "gauge",
+                "Session records kept.",
+                self.tracked_sessions as f64,
+            ),
             (
                 "admissions_all_total",
                 "counter",

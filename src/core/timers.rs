@@ -58,7 +58,7 @@ impl TimerQueue {
 
     /// Earliest pending deadline, or [`NEVER`].
     pub(crate) fn earliest(&self) -> u64 {
-        self.earliest.load(Ordering::Acquire)
+        self.earliest.load(Ordering::SeqCst)
     }
 
     /// Asks to look at `key` again at `deadline`.
@@ -93,6 +93,6 @@ impl TimerQueue {
 
     fn publish_earliest(&self, heap: &BinaryHeap<Reverse<Entry>>) {
         let earliest = heap.peek().map_or(NEVER, |Reverse(e)| e.deadline);
-        self.earliest.store(earliest, Ordering::Release);
+        self.earliest.store(earliest, Ordering::SeqCst);
     }
 }

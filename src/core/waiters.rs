@@ -193,34 +193,34 @@ impl Waiters {
 
     /// Takes `slot` out of the queue if it is there (it woke up and will not
     /// sleep in its place again).
-    pub(crate) fn dequeue(&self, slot: &Slot) {
+    pub(crate) fn dequeue(&self, slot: &Slot, grace: &TimerQueue) {
         if slot.ticket.load(Ordering::SeqCst) == 0 {
             return;
         }
         let mut q = self.queue.lock();
         let ticket = slot.ticket.load(Ordering::SeqCst);
         if ticket != 0 {
-            self.remove(&mut q, ticket);
+            self.remove(&mut q, ticket, grace);
         }
     }
 
     /// Hands a capacity event to the longest sleeper, if any.
-    pub(crate) fn wake_one(&self) -> bool {
+    pub(crate) fn wake_one(&self, grace: &TimerQueue) -> bool {
         let mut q = self.queue.lock();
         let Some((&ticket, _)) = q.fifo.first_key_value() else {
             return false;
         };
-        let slot = self.remove(&mut q, ticket);
+        let slot = self.remove(&mut q, ticket, grace);
         slot.signal(WAKE_EVENT);
         true
     }
 
     /// Wakes one specific attempt (its fate was just set), wherever it is.
-    pub(crate) fn wake_slot(&self, slot: &Slot) {
+    pub(crate) fn wake_slot(&self, slot: &Slot, grace: &TimerQueue) {
         let mut q = self.queue.lock();
         let ticket = slot.ticket.load(Ordering::SeqCst);
         if ticket != 0 {
-            self.remove(&mut q, ticket);
+            self.remove(&mut q, ticket, grace);
         }
         slot.signal(WAKE_LOOK);
     }
@@ -236,7 +236,9 @@ impl Waiters {
     /// A grace window ending at `expiry` was opened: if the watcher sleeps
     /// past it, tell it to recompute its deadline.
     pub(crate) fn expiry_added(&self, expiry: u64) {
-        if expiry >= self.watch_deadline.load(Ordering::SeqCst) {
+        // Nobody asleep: whoever sleeps next reads the earliest expiry itself
+        // (the window was armed before this check, SeqCst on both sides).
+        if self.sleeping() == 0 || expiry >= self.watch_deadline.load(Ordering::SeqCst) {
             return;
         }
         let q = self.queue.lock();
@@ -246,17 +248,22 @@ impl Waiters {
         }
     }
 
-    fn remove(&self, q: &mut Queue, ticket: u64) -> Arc<Slot> {
+    fn remove(&self, q: &mut Queue, ticket: u64, grace: &TimerQueue) -> Arc<Slot> {
         let slot = q.fifo.remove(&ticket).expect("ticket is queued");
         slot.ticket.store(0, Ordering::SeqCst);
         self.sleeping.store(q.fifo.len(), Ordering::SeqCst);
         if q.watcher == Some(ticket) {
-            // Hand the watch to the newest sleeper: the one an event reaches last.
+            // Hand the watch to the newest sleeper: the one an event reaches
+            // last. It sleeps to its poll for now (watch_deadline NEVER), so
+            // it is told to recompute only if a window is pending; a window
+            // opened later reaches it through `expiry_added`.
             q.watcher = None;
             self.watch_deadline.store(NEVER, Ordering::SeqCst);
             if let Some((&next, next_slot)) = q.fifo.last_key_value() {
                 q.watcher = Some(next);
-                next_slot.signal(WAKE_REWATCH);
+                if grace.earliest() != NEVER {
+                    next_slot.signal(WAKE_REWATCH);
+                }
             }
         }
         slot

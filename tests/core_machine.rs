@@ -1,0 +1,525 @@
+//! The sans-IO core driven by hand, in virtual time: every wake-up the core
+//! sends is counted, so targeting (one waiter per event, chaining on
+//! admission, absorption on re-wait), the grace watcher and the epoch check
+//! are asserted exactly, with no thread and no real clock.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
+use kvgate::{AcquireError, Config, Reason, ReservationState};
+
+const SEC: u64 = 1_000_000_000;
+
+struct Counting(Arc<AtomicUsize>);
+
+impl Notify for Counting {
+    fn notify(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// One attempt and the number of times the core woke it.
+struct Driven {
+    attempt: Attempt,
+    wakes: Arc<AtomicUsize>,
+}
+
+impl Driven {
+    fn wakes(&self) -> usize {
+        self.wakes.load(Ordering::SeqCst)
+    }
+}
+
+fn core(poll_s: u64, grace_s: u64) -> Core {
+    Core::new(Config {
+        wait_poll: Duration::from_secs(poll_s),
+        idle_grace: Duration::from_secs(grace_s),
+        session_retention: Duration::from_secs(1000),
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+fn begin(core: &Core, session: &str, now: u64, deadline: Option<u64>) -> (Driven, Step) {
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let mut attempt = core
+        .begin(
+            session.as_bytes(),
+            100,
+            now,
+            deadline,
+            Box::new(Counting(wakes.clone())),
+        )
+        .unwrap();
+    let step = attempt.start(core, now);
+    (Driven { attempt, wakes }, step)
+}
+
+fn admitted(step: Step) -> LeaseToken {
+    match step {
+        Step::Admitted(token) => token,
+        other => panic!("expected admission, got {other:?}"),
+    }
+}
+
+fn sleep_until(step: Step) -> u64 {
+    match step {
+        Step::Sleep { until_ns } => until_ns,
+        other => panic!("expected sleep, got {other:?}"),
+    }
+}
+
+/// A session admitted `open` at low usage.
+fn open_lease(core: &Core, session: &str, now: u64) -> LeaseToken {
+    let (mut d, step) = begin(core, session, now, None);
+    assert!(matches!(step, Step::ProbeUsage));
+    admitted(d.attempt.on_usage(core, Some(0.1), now))
+}
+
+/// A cold session put to sleep under pressure; returns it and its deadline.
+fn cold_waiter(core: &Core, session: &str, now: u64) -> (Driven, u64) {
+    let (mut d, step) = begin(core, session, now, None);
+    assert!(matches!(step, Step::ProbeUsage));
+    let step = d.attempt.on_usage(core, Some(0.95), now);
+    assert!(matches!(step, Step::ProbePrefix), "{step:?}");
+    let until = sleep_until(d.attempt.on_prefix(core, Some(0.1), now));
+    (d, until)
+}
+
+#[test]
+fn open_admission_needs_one_probe_and_no_prefix() {
+    let core = core(5, 60);
+    let (mut d, step) = begin(&core, "a", 0, None);
+    assert!(matches!(step, Step::ProbeUsage));
+    let token = admitted(d.attempt.on_usage(&core, Some(0.5), 10));
+    let a = token.admission();
+    assert_eq!(a.reason, Reason::Open);
+    assert!(!a.retain_session);
+    assert_eq!(a.usage, Some(0.5));
+    assert_eq!(a.hit_ratio, None);
+    assert_eq!(a.wait, Duration::from_nanos(10));
+    let s = core.stats(10);
+    assert_eq!((s.usage_probe_calls, s.prefix_probe_calls), (1, 0));
+    assert_eq!(s.active_leases, 1);
+    core.release(token, 20);
+    let s = core.stats(20);
+    assert_eq!((s.active_leases, s.releases), (0, 1));
+}
+
+#[test]
+fn a_release_wakes_exactly_the_longest_sleeper() {
+    let core = core(100, 60);
+    let lease = open_lease(&core, "running", 0);
+    let (w1, _) = cold_waiter(&core, "w1", 1);
+    let (w2, _) = cold_waiter(&core, "w2", 2);
+    let (w3, _) = cold_waiter(&core, "w3", 3);
+    let rewatch = (w1.wakes(), w2.wakes(), w3.wakes());
+    core.release(lease, 4);
+    assert_eq!(
+        w1.wakes(),
+        rewatch.0 + 1,
+        "the longest sleeper gets the event"
+    );
+    assert_eq!(
+        (w2.wakes(), w3.wakes()),
+        (rewatch.1, rewatch.2),
+        "nobody else"
+    );
+    assert_eq!(core.stats(4).waiting_attempts, 2);
+}
+
+#[test]
+fn an_admitted_waiter_passes_the_event_on_and_a_rejected_one_absorbs_it() {
+    let core = core(100, 60);
+    let lease = open_lease(&core, "running", 0);
+    let (mut w1, _) = cold_waiter(&core, "w1", 1);
+    let (mut w2, _) = cold_waiter(&core, "w2", 2);
+    let (w3, _) = cold_waiter(&core, "w3", 3);
+    core.release(lease, 4);
+    // w1 was handed the event: it looks again and is admitted open.
+    let step = w1.attempt.on_wake(&core, 5);
+    assert!(matches!(step, Step::ProbeUsage), "{step:?}");
+    let before = (w2.wakes(), w3.wakes());
+    let t1 = admitted(w1.attempt.on_usage(&core, Some(0.5), 5));
+    assert_eq!(t1.admission().reason, Reason::Open);
+    assert!(t1.admission().waited);
+    assert_eq!(
+        w2.wakes(),
+        before.0 + 1,
+        "the admission chains to the next sleeper"
+    );
+    assert_eq!(w3.wakes(), before.1);
+    // w2 finds the cache full again: it goes back to sleep and absorbs the event.
+    assert!(matches!(w2.attempt.on_wake(&core, 6), Step::ProbeUsage));
+    assert!(matches!(
+        w2.attempt.on_usage(&core, Some(0.95), 6),
+        Step::ProbePrefix
+    ));
+    let w3_before = w3.wakes();
+    sleep_until(w2.attempt.on_prefix(&core, Some(0.1), 6));
+    assert_eq!(
+        w3.wakes(),
+        w3_before,
+        "a rejected waiter does not wake the next"
+    );
+    let s = core.stats(6);
+    assert_eq!(s.waiting_attempts, 2);
+    assert_eq!(
+        s.waits, 1,
+        "only the admitted waiter has ended after sleeping"
+    );
+    core.release(t1, 7);
+}
+
+#[test]
+fn an_event_while_probing_makes_the_attempt_look_again_instead_of_sleeping() {
+    let core = core(100, 60);
+    let lease = open_lease(&core, "running", 0);
+    let (mut w, step) = begin(&core, "w", 1, None);
+    assert!(matches!(step, Step::ProbeUsage));
+    assert!(matches!(
+        w.attempt.on_usage(&core, Some(0.95), 1),
+        Step::ProbePrefix
+    ));
+    // The running session finishes while w's prefix probe is in flight.
+    core.release(lease, 2);
+    let step = w.attempt.on_prefix(&core, Some(0.1), 3);
+    assert!(
+        matches!(step, Step::ProbeUsage),
+        "must not sleep through a release it could not see: {step:?}"
+    );
+    assert_eq!(core.stats(3).waiting_attempts, 0);
+}
+
+/// Session `id` admitted under pressure with a resident prefix at `t0`,
+/// released at `released`: its grace window ends at `released + grace`.
+fn window(core: &Core, id: &str, t0: u64, released: u64) {
+    let (mut g, _) = begin(core, id, t0, None);
+    assert!(matches!(
+        g.attempt.on_usage(core, Some(0.95), t0),
+        Step::ProbePrefix
+    ));
+    let token = admitted(g.attempt.on_prefix(core, Some(0.9), t0));
+    assert_eq!(token.admission().reason, Reason::ResidentPrefix);
+    core.release(token, released);
+}
+
+#[test]
+fn only_one_sleeper_watches_the_earliest_grace_expiry() {
+    let (poll, grace) = (100, 5);
+    let core = core(poll, grace);
+    window(&core, "g1", 0, 10 * SEC);
+    window(&core, "g2", 0, 11 * SEC);
+    let (first, second) = ((10 + grace) * SEC, (11 + grace) * SEC);
+    let (mut w1, until1) = cold_waiter(&core, "w1", 12 * SEC);
+    let (mut w2, until2) = cold_waiter(&core, "w2", 13 * SEC);
+    assert_eq!(
+        until1, first,
+        "the first sleeper watches the earliest expiry"
+    );
+    assert_eq!(until2, (13 + poll) * SEC, "the others sleep to their poll");
+    // Nobody calls into the gate; the watcher wakes at the expiry and purges it.
+    let w2_before = w2.wakes();
+    let step = w1.attempt.on_wake(&core, first);
+    assert!(
+        matches!(step, Step::ProbeUsage),
+        "the expiry is an event, and w1 is first in line: {step:?}"
+    );
+    assert_eq!(
+        core.session_stats(b"g1", first).unwrap().reservation,
+        ReservationState::None
+    );
+    assert_eq!(core.stats(first).grace_expired, 1);
+    // The watch moved to w2, which was told to recompute its deadline.
+    assert_eq!(w2.wakes(), w2_before + 1);
+    let until = sleep_until(w2.attempt.on_wake(&core, first));
+    assert_eq!(until, second, "w2 now watches g2's expiry");
+    // When the last window is gone, the watch falls back to the poll.
+    let step = w2.attempt.on_wake(&core, second);
+    assert!(matches!(step, Step::ProbeUsage), "{step:?}");
+    assert!(matches!(
+        w2.attempt.on_usage(&core, Some(0.95), second),
+        Step::ProbePrefix
+    ));
+    let until = sleep_until(w2.attempt.on_prefix(&core, Some(0.1), second));
+    assert_eq!(until, second + poll * SEC);
+}
+
+#[test]
+fn a_window_opened_after_the_watcher_slept_shortens_its_sleep() {
+    let core = core(100, 5);
+    let (w, until) = cold_waiter(&core, "w", 0);
+    assert_eq!(until, 100 * SEC);
+    let (mut g, _) = begin(&core, "g", SEC, None);
+    assert!(matches!(
+        g.attempt.on_usage(&core, Some(0.95), SEC),
+        Step::ProbePrefix
+    ));
+    let token = admitted(g.attempt.on_prefix(&core, Some(0.9), SEC));
+    let before = w.wakes();
+    core.release(token, 2 * SEC);
+    // The release itself hands w an event (and a rewatch); either way it wakes.
+    assert!(w.wakes() > before);
+    let mut w = w;
+    let step = w.attempt.on_wake(&core, 2 * SEC);
+    assert!(matches!(step, Step::ProbeUsage));
+    assert!(matches!(
+        w.attempt.on_usage(&core, Some(0.95), 2 * SEC),
+        Step::ProbePrefix
+    ));
+    let until = sleep_until(w.attempt.on_prefix(&core, Some(0.1), 2 * SEC));
+    assert_eq!(until, 7 * SEC, "sleeps no later than g's expiry");
+}
+
+#[test]
+fn a_newer_attempt_seals_the_older_one_even_mid_probe() {
+    let core = core(100, 60);
+    let (mut old, _) = begin(&core, "s", 0, None);
+    assert!(matches!(
+        old.attempt.on_usage(&core, Some(0.95), 0),
+        Step::ProbePrefix
+    ));
+    let (mut new, step) = begin(&core, "s", 1, None);
+    assert!(matches!(step, Step::ProbeUsage));
+    assert!(old.wakes() >= 1, "the older attempt is woken at once");
+    assert!(new.attempt.id() > old.attempt.id());
+    // The older prefix probe now says "resident": too late, it was superseded.
+    let step = old.attempt.on_prefix(&core, Some(0.99), 2);
+    assert!(
+        matches!(step, Step::Failed(AcquireError::Preempted)),
+        "{step:?}"
+    );
+    let stats = core.session_stats(b"s", 2).unwrap();
+    assert_eq!(stats.num_preempted, 1);
+    assert_eq!(stats.reservation, ReservationState::None);
+    assert!(stats.attempt_pending, "the newer attempt is pending");
+    assert!(matches!(
+        new.attempt.on_usage(&core, Some(0.95), 3),
+        Step::ProbePrefix
+    ));
+    let token = admitted(new.attempt.on_prefix(&core, Some(0.99), 3));
+    assert_eq!(token.admission().reason, Reason::ResidentPrefix);
+    let s = core.stats(3);
+    assert_eq!(
+        (s.preempted, s.pending_attempts, s.active_leases),
+        (1, 0, 1)
+    );
+    core.release(token, 4);
+}
+
+#[test]
+fn a_preempted_sleeper_passes_on_an_event_it_was_handed() {
+    let core = core(100, 60);
+    let lease = open_lease(&core, "running", 0);
+    let (mut w1, _) = cold_waiter(&core, "w1", 1);
+    let (w2, _) = cold_waiter(&core, "w2", 2);
+    core.release(lease, 3); // w1 holds the event
+    let (_newer, _) = begin(&core, "w1", 4, None); // ... and is preempted before it looks
+    let before = w2.wakes();
+    let step = w1.attempt.on_wake(&core, 5);
+    assert!(matches!(step, Step::Failed(AcquireError::Preempted)));
+    assert_eq!(
+        w2.wakes(),
+        before + 1,
+        "the unused event goes to the next sleeper"
+    );
+}
+
+#[test]
+fn grace_window_ends_exactly_at_release_plus_grace() {
+    let grace = 5;
+    let core = core(100, grace);
+    let (mut a, _) = begin(&core, "s", 0, None);
+    assert!(matches!(
+        a.attempt.on_usage(&core, Some(0.9), 0),
+        Step::ProbePrefix
+    ));
+    let token = admitted(a.attempt.on_prefix(&core, Some(0.9), 0));
+    let released = 3 * SEC;
+    core.release(token, released);
+    let end = released + grace * SEC;
+    assert_eq!(
+        core.session_stats(b"s", end - 1).unwrap().reservation,
+        ReservationState::Grace {
+            remaining: Duration::from_nanos(1)
+        }
+    );
+    // One nanosecond before the end: reserved, no prefix probe.
+    let (mut b, _) = begin(&core, "s", end - 1, None);
+    let token = admitted(b.attempt.on_usage(&core, Some(0.9), end - 1));
+    assert_eq!(token.admission().reason, Reason::ReservedSession);
+    let released = end;
+    core.release(token, released);
+    let end = released + grace * SEC;
+    // At the end: the window is over, the session must probe its prefix.
+    let (mut c, _) = begin(&core, "s", end, None);
+    let step = c.attempt.on_usage(&core, Some(0.9), end);
+    assert!(matches!(step, Step::ProbePrefix), "{step:?}");
+    assert_eq!(core.stats(end).grace_expired, 1);
+    sleep_until(c.attempt.on_prefix(&core, Some(0.0), end));
+    c.attempt.abandon(&core, end);
+}
+
+#[test]
+fn overlapping_retaining_leases_keep_the_window_in_flight() {
+    let core = core(100, 5);
+    let (mut a, _) = begin(&core, "s", 0, None);
+    assert!(matches!(
+        a.attempt.on_usage(&core, Some(0.9), 0),
+        Step::ProbePrefix
+    ));
+    let first = admitted(a.attempt.on_prefix(&core, Some(0.9), 0));
+    // A retry of the same session while the first request still runs.
+    let (mut b, _) = begin(&core, "s", 1, None);
+    let second = admitted(b.attempt.on_usage(&core, Some(0.9), 1));
+    assert_eq!(second.admission().reason, Reason::ReservedSession);
+    let state = |t| core.session_stats(b"s", t).unwrap().reservation;
+    assert_eq!(state(1), ReservationState::InFlight { leases: 2 });
+    core.release(first, 2);
+    assert_eq!(state(2), ReservationState::InFlight { leases: 1 });
+    core.release(second, 3);
+    assert_eq!(
+        state(3),
+        ReservationState::Grace {
+            remaining: Duration::from_secs(5)
+        }
+    );
+}
+
+#[test]
+fn a_lease_released_after_finish_does_not_bring_the_window_back() {
+    let core = core(100, 5);
+    let (mut a, _) = begin(&core, "s", 0, None);
+    assert!(matches!(
+        a.attempt.on_usage(&core, Some(0.9), 0),
+        Step::ProbePrefix
+    ));
+    let token = admitted(a.attempt.on_prefix(&core, Some(0.9), 0));
+    assert!(core.finish_session(b"s", 1));
+    assert_eq!(
+        core.session_stats(b"s", 1).unwrap().reservation,
+        ReservationState::None,
+        "finish ends the window; the record stays while its lease is out"
+    );
+    core.release(token, 2);
+    assert!(
+        core.session_stats(b"s", 2).is_none(),
+        "finished and idle: forgotten"
+    );
+    let s = core.stats(2);
+    assert_eq!(
+        (
+            s.reserved_in_flight,
+            s.reserved_in_grace,
+            s.tracked_sessions
+        ),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn a_timeout_ends_the_sleep_at_the_deadline() {
+    let core = core(100, 60);
+    let (mut w, step) = begin(&core, "w", 0, Some(3 * SEC));
+    assert!(matches!(step, Step::ProbeUsage));
+    assert!(matches!(
+        w.attempt.on_usage(&core, Some(0.95), 0),
+        Step::ProbePrefix
+    ));
+    let until = sleep_until(w.attempt.on_prefix(&core, Some(0.1), 0));
+    assert_eq!(until, 3 * SEC);
+    let step = w.attempt.on_wake(&core, 3 * SEC);
+    assert!(matches!(step, Step::Failed(AcquireError::TimedOut)));
+    let s = core.session_stats(b"w", 3 * SEC).unwrap();
+    assert_eq!((s.timed_out, s.waits, s.attempt_pending), (1, 1, false));
+    assert_eq!(core.stats(3 * SEC).waiting_attempts, 0);
+}
+
+#[test]
+fn cancel_and_close_end_sleepers_and_refuse_newcomers() {
+    let core = core(100, 60);
+    let (mut w, _) = cold_waiter(&core, "w", 0);
+    assert!(core.cancel_session(b"w"));
+    assert!(!core.cancel_session(b"w"), "already cancelled");
+    assert!(matches!(
+        w.attempt.on_wake(&core, 1),
+        Step::Failed(AcquireError::Cancelled)
+    ));
+    assert!(!core.cancel_session(b"nobody"));
+    let lease = open_lease(&core, "holder", 2);
+    let (mut v, _) = cold_waiter(&core, "v", 2);
+    core.close();
+    assert!(matches!(
+        v.attempt.on_wake(&core, 3),
+        Step::Failed(AcquireError::Closed)
+    ));
+    let refused = core.begin(b"late", 1, 4, None, Box::new(Counting(Arc::default())));
+    assert!(matches!(refused, Err(AcquireError::Closed)));
+    core.release(lease, 5); // leases outlive close
+    let s = core.stats(5);
+    assert_eq!(
+        (s.cancelled, s.closed, s.active_leases, s.pending_attempts),
+        (1, 2, 0, 0)
+    );
+}
+
+#[test]
+fn idle_records_are_retired_after_the_retention_period() {
+    let core = Core::new(Config {
+        session_retention: Duration::from_secs(10),
+        idle_grace: Duration::from_secs(2),
+        ..Config::default()
+    })
+    .unwrap();
+    core.release(open_lease(&core, "open", 0), SEC);
+    let (mut r, _) = begin(&core, "reserved", 0, None);
+    assert!(matches!(
+        r.attempt.on_usage(&core, Some(0.9), 0),
+        Step::ProbePrefix
+    ));
+    core.release(admitted(r.attempt.on_prefix(&core, Some(0.9), 0)), SEC);
+    assert_eq!(core.stats(SEC).tracked_sessions, 2);
+    // "open" is idle since 1 s: kept until 11 s. "reserved" is in grace until 3 s.
+    assert!(core.session_stats(b"open", 11 * SEC - 1).is_some());
+    assert_eq!(core.stats(11 * SEC).tracked_sessions, 1);
+    assert!(core.session_stats(b"open", 11 * SEC).is_none());
+    // Its window ended at 3 s: idle from then on, retired at 13 s.
+    assert!(core.session_stats(b"reserved", 13 * SEC - 1).is_some());
+    let s = core.stats(13 * SEC);
+    assert_eq!((s.tracked_sessions, s.sessions_retired), (0, 2));
+    assert_eq!(core.timer_entries(), 0);
+}
+
+#[test]
+fn a_hundred_thousand_windows_expire_and_leave_nothing_behind() {
+    let core = Core::new(Config {
+        idle_grace: Duration::from_secs(60),
+        session_retention: Duration::from_secs(60),
+        ..Config::default()
+    })
+    .unwrap();
+    for i in 0..100_000u64 {
+        let id = format!("session-{i}");
+        let (mut a, _) = begin(&core, &id, i, None);
+        assert!(matches!(
+            a.attempt.on_usage(&core, Some(0.9), i),
+            Step::ProbePrefix
+        ));
+        let token = admitted(a.attempt.on_prefix(&core, Some(0.9), i));
+        core.release(token, i);
+    }
+    let s = core.stats(100_000);
+    assert_eq!(
+        (s.tracked_sessions, s.reserved_in_grace),
+        (100_000, 100_000)
+    );
+    assert!(core.timer_entries() <= 100_000, "one live timer per window");
+    let s = core.stats(200 * SEC);
+    assert_eq!(
+        (s.tracked_sessions, s.reserved_in_grace, s.grace_expired),
+        (0, 0, 100_000)
+    );
+    assert_eq!(core.timer_entries(), 0);
+}
