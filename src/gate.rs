@@ -119,16 +119,17 @@ impl Gate {
         let shared = &*self.shared;
         let clock = &*shared.clock;
         let parker = Parker::new();
+        let started = clock.now_ns();
         let attempt = shared.core.begin(
             session,
             prompt.len(),
-            clock.now_ns(),
+            started,
             deadline,
             Box::new(ParkerHandle(parker.clone())),
         )?;
         let mut driving = Driving { shared, attempt };
         let core = &shared.core;
-        let mut step = driving.attempt.start(core, clock.now_ns());
+        let mut step = driving.attempt.start(core, started);
         loop {
             step = match step {
                 Step::ProbeUsage => {
@@ -152,8 +153,9 @@ impl Gate {
     /// Ends `session`'s ownership window and forgets the session once it
     /// holds no lease and no attempt; wakes a waiter. An attempt of the
     /// session still waiting is not cancelled (see [`Gate::cancel_session`]).
-    /// Returns whether the session was known.
-    pub fn finish_session(&self, session: &[u8]) -> bool {
+    /// Returns the session's final figures (e.g. its `num_preempted`, which
+    /// would otherwise be gone with the record), or `None` if it was unknown.
+    pub fn finish_session(&self, session: &[u8]) -> Option<SessionStats> {
         self.shared
             .core
             .finish_session(session, self.shared.clock.now_ns())

@@ -59,3 +59,17 @@ pub use crate::error::AcquireError;
 pub use crate::gate::Gate;
 pub use crate::lease::Lease;
 pub use crate::probe::{Probe, ProbeAnswer};
+
+#[cfg(test)]
+mod tests {
+    /// Hosts share the gate across threads and move leases between them.
+    #[test]
+    fn handles_are_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<crate::Gate>();
+        send_sync::<crate::Lease>();
+        send_sync::<crate::core::Core>();
+        send_sync::<crate::core::Attempt>();
+        send_sync::<crate::core::LeaseToken>();
+    }
+}

@@ -193,17 +193,22 @@ fn an_event_while_probing_makes_the_attempt_look_again_instead_of_sleeping() {
     assert_eq!(core.stats(3).waiting_attempts, 0);
 }
 
-/// Session `id` admitted under pressure with a resident prefix at `t0`,
-/// released at `released`: its grace window ends at `released + grace`.
-fn window(core: &Core, id: &str, t0: u64, released: u64) {
-    let (mut g, _) = begin(core, id, t0, None);
+/// Session `id` admitted under pressure at `t` because its prefix is resident.
+fn resident_lease(core: &Core, id: &str, t: u64) -> LeaseToken {
+    let (mut a, _) = begin(core, id, t, None);
     assert!(matches!(
-        g.attempt.on_usage(core, Some(0.95), t0),
+        a.attempt.on_usage(core, Some(0.95), t),
         Step::ProbePrefix
     ));
-    let token = admitted(g.attempt.on_prefix(core, Some(0.9), t0));
+    let token = admitted(a.attempt.on_prefix(core, Some(0.9), t));
     assert_eq!(token.admission().reason, Reason::ResidentPrefix);
-    core.release(token, released);
+    token
+}
+
+/// Session `id` admitted as resident at `t0`, released at `released`: its
+/// grace window ends at `released + grace`.
+fn window(core: &Core, id: &str, t0: u64, released: u64) {
+    core.release(resident_lease(core, id, t0), released);
 }
 
 #[test]
@@ -331,12 +336,7 @@ fn a_preempted_sleeper_passes_on_an_event_it_was_handed() {
 fn grace_window_ends_exactly_at_release_plus_grace() {
     let grace = 5;
     let core = core(100, grace);
-    let (mut a, _) = begin(&core, "s", 0, None);
-    assert!(matches!(
-        a.attempt.on_usage(&core, Some(0.9), 0),
-        Step::ProbePrefix
-    ));
-    let token = admitted(a.attempt.on_prefix(&core, Some(0.9), 0));
+    let token = resident_lease(&core, "s", 0);
     let released = 3 * SEC;
     core.release(token, released);
     let end = released + grace * SEC;
@@ -365,12 +365,7 @@ fn grace_window_ends_exactly_at_release_plus_grace() {
 #[test]
 fn overlapping_retaining_leases_keep_the_window_in_flight() {
     let core = core(100, 5);
-    let (mut a, _) = begin(&core, "s", 0, None);
-    assert!(matches!(
-        a.attempt.on_usage(&core, Some(0.9), 0),
-        Step::ProbePrefix
-    ));
-    let first = admitted(a.attempt.on_prefix(&core, Some(0.9), 0));
+    let first = resident_lease(&core, "s", 0);
     // A retry of the same session while the first request still runs.
     let (mut b, _) = begin(&core, "s", 1, None);
     let second = admitted(b.attempt.on_usage(&core, Some(0.9), 1));
@@ -391,13 +386,8 @@ fn overlapping_retaining_leases_keep_the_window_in_flight() {
 #[test]
 fn a_lease_released_after_finish_does_not_bring_the_window_back() {
     let core = core(100, 5);
-    let (mut a, _) = begin(&core, "s", 0, None);
-    assert!(matches!(
-        a.attempt.on_usage(&core, Some(0.9), 0),
-        Step::ProbePrefix
-    ));
-    let token = admitted(a.attempt.on_prefix(&core, Some(0.9), 0));
-    assert!(core.finish_session(b"s", 1));
+    let token = resident_lease(&core, "s", 0);
+    assert!(core.finish_session(b"s", 1).is_some());
     assert_eq!(
         core.session_stats(b"s", 1).unwrap().reservation,
         ReservationState::None,
@@ -474,12 +464,7 @@ fn idle_records_are_retired_after_the_retention_period() {
     })
     .unwrap();
     core.release(open_lease(&core, "open", 0), SEC);
-    let (mut r, _) = begin(&core, "reserved", 0, None);
-    assert!(matches!(
-        r.attempt.on_usage(&core, Some(0.9), 0),
-        Step::ProbePrefix
-    ));
-    core.release(admitted(r.attempt.on_prefix(&core, Some(0.9), 0)), SEC);
+    core.release(resident_lease(&core, "reserved", 0), SEC);
     assert_eq!(core.stats(SEC).tracked_sessions, 2);
     // "open" is idle since 1 s: kept until 11 s. "reserved" is in grace until 3 s.
     assert!(core.session_stats(b"open", 11 * SEC - 1).is_some());
@@ -522,4 +507,26 @@ fn a_hundred_thousand_windows_expire_and_leave_nothing_behind() {
         (0, 0, 100_000)
     );
     assert_eq!(core.timer_entries(), 0);
+}
+
+#[test]
+fn finish_session_hands_back_the_final_figures_of_a_forgotten_session() {
+    let core = core(100, 5);
+    let (mut old, _) = begin(&core, "s", 0, None);
+    let (mut new, _) = begin(&core, "s", 1, None);
+    assert!(matches!(
+        old.attempt.on_usage(&core, Some(0.1), 2),
+        Step::Failed(AcquireError::Preempted)
+    ));
+    core.release(admitted(new.attempt.on_usage(&core, Some(0.1), 2)), 3);
+    let last = core.finish_session(b"s", 4).expect("the session was known");
+    assert_eq!(
+        (last.num_preempted, last.attempts, last.admissions),
+        (1, 2, 1)
+    );
+    assert!(
+        core.session_stats(b"s", 4).is_none(),
+        "and now it is forgotten"
+    );
+    assert!(core.finish_session(b"s", 5).is_none());
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use super::decision::{decide, Decision, Facts, Reason};
 use super::sessions::{Reservation, SessionKey};
-use super::waiters::{Enqueued, Slot, ACTIVE, CANCELLED, PREEMPTED, WAKE_EVENT};
+use super::waiters::{Enqueued, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
 use super::Core;
 use crate::error::AcquireError;
 use crate::probe::ProbeAnswer;
@@ -425,13 +425,23 @@ impl Attempt {
         }
     }
 
-    fn fail(&mut self, core: &Core, err: AcquireError, now: u64) -> Step {
+    fn fail(&mut self, core: &Core, mut err: AcquireError, now: u64) -> Step {
         debug_assert_ne!(self.phase, Phase::Done);
         self.phase = Phase::Done;
         core.waiters.dequeue(&self.slot, &core.grace_timers);
         let (_, shard) = core.shard_of(&self.key);
         {
             let mut map = shard.lock();
+            // Each attempt ends exactly one way: an attempt ending by itself
+            // seals its fate, and if a newer attempt or a cancel sealed it
+            // first, that is the outcome reported (and counted) instead.
+            if !matches!(err, AcquireError::Preempted) && !self.slot.set_fate(ENDED) {
+                err = match self.slot.fate() {
+                    PREEMPTED => AcquireError::Preempted,
+                    CANCELLED => AcquireError::Cancelled,
+                    other => unreachable!("fate {other} is sealed once, by begin or cancel"),
+                };
+            }
             if let Some(record) = map.get_mut(&self.key) {
                 let mine = record
                     .pending

@@ -219,40 +219,35 @@ impl Core {
     /// Ends `session`'s ownership window (and forgets the session once it
     /// holds no lease and no attempt). Waiting attempts of the session are
     /// left alone, as in the reference; see [`Core::cancel_session`].
-    /// Returns whether the session was known.
-    pub fn finish_session(&self, session: &[u8], now: u64) -> bool {
-        let hash = self.table.hash(session);
-        let key = SessionKey {
-            hash,
-            bytes: session.into(),
-        };
+    /// Returns the session's final figures (taken atomically with the
+    /// finish, so nothing is lost when the record is dropped), or `None` if
+    /// the session was not tracked.
+    pub fn finish_session(&self, session: &[u8], now: u64) -> Option<SessionStats> {
+        self.purge(now);
+        let key = self.lookup_key(session);
         let (_, shard) = self.shard_of(&key);
-        let found = {
+        let last = {
             let mut map = shard.lock();
-            match map.get_mut(&key) {
-                Some(record) => {
-                    self.set_reservation(record, Reservation::None, &shard.counters);
-                    record.finished = true;
-                    shard.counters.sessions_finished.add(1);
-                    self.settle(&mut map, &key, now, &shard.counters);
-                    true
-                }
-                None => false,
+            let last = map.get_mut(&key).map(|record| {
+                self.set_reservation(record, Reservation::None, &shard.counters);
+                record.finished = true;
+                shard.counters.sessions_finished.add(1);
+                session_stats_of(record, now)
+            });
+            if last.is_some() {
+                self.settle(&mut map, &key, now, &shard.counters);
             }
+            last
         };
         self.capacity_event();
-        found
+        last
     }
 
     /// Cancels `session`'s attempt that is competing for admission, if any:
     /// it returns [`AcquireError::Cancelled`] promptly. Returns whether one
     /// was cancelled.
     pub fn cancel_session(&self, session: &[u8]) -> bool {
-        let hash = self.table.hash(session);
-        let key = SessionKey {
-            hash,
-            bytes: session.into(),
-        };
+        let key = self.lookup_key(session);
         let (_, shard) = self.shard_of(&key);
         let target = {
             let mut map = shard.lock();
@@ -291,6 +286,9 @@ impl Core {
     /// Fires every due grace expiry and retirement. Called by every entry
     /// point; hosts need not call it, but may (e.g. before scraping stats).
     pub fn purge(&self, now: u64) {
+        if now < self.grace_timers.earliest() && now < self.retire_timers.earliest() {
+            return; // the fast path: nothing due
+        }
         let mut due = Vec::new();
         let mut expired = false;
         self.grace_timers.pop_due(now, PURGE_BATCH, &mut due);
@@ -353,37 +351,10 @@ impl Core {
     /// A snapshot of one session's figures, or `None` if it is not tracked.
     pub fn session_stats(&self, session: &[u8], now: u64) -> Option<SessionStats> {
         self.purge(now);
-        let hash = self.table.hash(session);
-        let key = SessionKey {
-            hash,
-            bytes: session.into(),
-        };
+        let key = self.lookup_key(session);
         let (_, shard) = self.shard_of(&key);
         let mut map = shard.lock();
-        let r = map.get_mut(&key)?;
-        let reservation = match r.reservation {
-            // Expired but not yet purged (purges are batched): already over.
-            Reservation::Grace { until, .. } if until <= now => ReservationState::None,
-            Reservation::None => ReservationState::None,
-            Reservation::InFlight { holders, .. } => ReservationState::InFlight { leases: holders },
-            Reservation::Grace { until, .. } => ReservationState::Grace {
-                remaining: Duration::from_nanos(until.saturating_sub(now)),
-            },
-        };
-        Some(SessionStats {
-            num_preempted: r.counters.preempted,
-            attempts: r.counters.attempts,
-            admissions: r.counters.admissions,
-            waits: r.counters.waits,
-            wait_time: Duration::from_nanos(r.counters.wait_ns),
-            timed_out: r.counters.timed_out,
-            cancelled: r.counters.cancelled,
-            active_leases: r.active_leases,
-            attempt_pending: r.pending.is_some(),
-            reservation,
-            last_admitted_prompt_len: r.last_admitted_prompt_len,
-            idle_for: Duration::from_nanos(now.saturating_sub(r.last_activity)),
-        })
+        map.get_mut(&key).map(|r| session_stats_of(r, now))
     }
 
     /// Number of timer entries held (live and stale), for memory accounting.
@@ -392,6 +363,13 @@ impl Core {
     }
 
     // ---- internals shared with `Attempt` ----
+
+    fn lookup_key(&self, session: &[u8]) -> SessionKey {
+        SessionKey {
+            hash: self.table.hash(session),
+            bytes: session.into(),
+        }
+    }
 
     fn shard_mask(&self) -> u64 {
         (1u64 << self.table.shard_bits()) - 1
@@ -467,5 +445,32 @@ impl Core {
             record.retire_timer = Some(retire_at);
             self.retire_timers.arm(retire_at, record.key.clone());
         }
+    }
+}
+
+/// A record's figures as reported at `now`.
+fn session_stats_of(r: &SessionRecord, now: u64) -> SessionStats {
+    let reservation = match r.reservation {
+        // Expired but not yet purged (purges are batched): already over.
+        Reservation::Grace { until, .. } if until <= now => ReservationState::None,
+        Reservation::None => ReservationState::None,
+        Reservation::InFlight { holders, .. } => ReservationState::InFlight { leases: holders },
+        Reservation::Grace { until, .. } => ReservationState::Grace {
+            remaining: Duration::from_nanos(until - now),
+        },
+    };
+    SessionStats {
+        num_preempted: r.counters.preempted,
+        attempts: r.counters.attempts,
+        admissions: r.counters.admissions,
+        waits: r.counters.waits,
+        wait_time: Duration::from_nanos(r.counters.wait_ns),
+        timed_out: r.counters.timed_out,
+        cancelled: r.counters.cancelled,
+        active_leases: r.active_leases,
+        attempt_pending: r.pending.is_some(),
+        reservation,
+        last_admitted_prompt_len: r.last_admitted_prompt_len,
+        idle_for: Duration::from_nanos(now.saturating_sub(r.last_activity)),
     }
 }

@@ -36,6 +36,9 @@ pub trait Notify: Send + Sync {
 pub(crate) const ACTIVE: u8 = 0;
 pub(crate) const PREEMPTED: u8 = 1;
 pub(crate) const CANCELLED: u8 = 2;
+/// The attempt ended by itself (timed out, abandoned, closed): whoever
+/// comes later (a newer attempt, a cancel) finds its fate already sealed.
+pub(crate) const ENDED: u8 = 3;
 
 // Wake flags (`Slot::wake`), a bit set the woken attempt swaps to zero.
 /// A capacity event was handed to this waiter (it was popped from the queue).
