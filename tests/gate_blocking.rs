@@ -287,6 +287,15 @@ fn reservation(gate: &Gate, session: &str) -> ReservationState {
         .reservation
 }
 
+/// The session's reservation is an idle grace window.
+fn assert_in_grace(gate: &Gate, session: &str) {
+    let state = reservation(gate, session);
+    assert!(
+        matches!(state, ReservationState::Grace { .. }),
+        "{session} should be in its grace window, is {state:?}"
+    );
+}
+
 fn assert_prompt(returned: Instant, since: Instant, what: &str) {
     let took = returned.saturating_duration_since(since);
     assert!(
@@ -378,10 +387,7 @@ fn pressure_with_reservation_admits_reserved_session_without_prefix_probe() {
     let probe = ScriptedProbe::new(Some(HIGH), Some(HOT));
     let gate = gate_with(config(), &probe);
     admit(&gate, "a").release();
-    assert!(matches!(
-        reservation(&gate, "a"),
-        ReservationState::Grace { .. }
-    ));
+    assert_in_grace(&gate, "a");
     assert_eq!(probe.calls(Kind::Prefix, "a"), 1);
 
     // Now cold: only the reservation can admit it.
@@ -442,10 +448,7 @@ fn hit_ratio_equal_to_threshold_is_resident_and_reserves_in_flight() {
     );
     assert_eq!(gate.stats().reserved_in_flight, 1);
     lease.release();
-    assert!(matches!(
-        reservation(&gate, "a"),
-        ReservationState::Grace { .. }
-    ));
+    assert_in_grace(&gate, "a");
     let s = gate.stats();
     assert_eq!((s.reserved_in_flight, s.reserved_in_grace), (0, 1));
 }
@@ -572,10 +575,7 @@ fn finish_session_wakes_a_waiter() {
     probe.set_hit("a", Some(HOT));
     let gate = gate_with(config(), &probe); // grace 60 s: no expiry here
     admit(&gate, "a").release();
-    assert!(matches!(
-        reservation(&gate, "a"),
-        ReservationState::Grace { .. }
-    ));
+    assert_in_grace(&gate, "a");
 
     let waiter = spawn_acquire(&gate, "b");
     wait_sleeping(&gate, 1);
@@ -743,10 +743,7 @@ fn grace_window_is_gone_at_release_plus_grace_in_session_stats() {
     );
     admit(&gate, "a").release();
     clock.advance(GRACE - NS);
-    assert!(matches!(
-        reservation(&gate, "a"),
-        ReservationState::Grace { .. }
-    ));
+    assert_in_grace(&gate, "a");
     clock.advance(NS);
     assert_eq!(reservation(&gate, "a"), ReservationState::None);
     let s = gate.stats();
@@ -837,10 +834,7 @@ fn overlapping_retaining_leases_keep_the_window_in_flight_until_both_are_release
     );
     assert_eq!(gate.stats().reserved_in_grace, 0);
     second.release();
-    assert!(matches!(
-        reservation(&gate, "a"),
-        ReservationState::Grace { .. }
-    ));
+    assert_in_grace(&gate, "a");
     let s = gate.stats();
     assert_eq!((s.reserved_in_flight, s.reserved_in_grace), (0, 1));
 }
@@ -890,10 +884,7 @@ fn release_after_finish_session_does_not_bring_the_reservation_back() {
         ReservationState::InFlight { leases: 1 }
     );
     again.release();
-    assert!(matches!(
-        reservation(&gate, "a"),
-        ReservationState::Grace { .. }
-    ));
+    assert_in_grace(&gate, "a");
     let s = gate.stats();
     assert_eq!((s.reserved_in_flight, s.reserved_in_grace), (0, 1));
 }
@@ -1136,10 +1127,7 @@ fn attempt_held_in_prefix_probe_is_never_admitted_after_a_newer_one_began() {
         (1, 1, 0)
     );
     newer.release();
-    assert!(matches!(
-        reservation(&gate, "s"),
-        ReservationState::Grace { .. }
-    ));
+    assert_in_grace(&gate, "s");
 }
 
 #[test]
@@ -1568,10 +1556,7 @@ fn session_record_is_kept_while_a_lease_an_attempt_or_a_reservation_is_held() {
     assert!(gate.session_stats(b"r").is_some());
     lease.release();
     clock.advance(GRACE - Duration::from_secs(1));
-    assert!(matches!(
-        reservation(&gate, "r"),
-        ReservationState::Grace { .. }
-    ));
+    assert_in_grace(&gate, "r");
 
     // A waiting attempt, across clock ticks.
     let waiter = spawn_acquire(&gate, "w");

@@ -387,12 +387,11 @@ impl Core {
     /// Capacity may have been freed: bump the epoch, then wake one sleeper.
     fn capacity_event(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
-        if self.waiters.sleeping() > 0 {
-            self.waiters.wake_one(&self.grace_timers);
-        }
+        self.pass_on_event();
     }
 
-    /// Passes an event this attempt received but did not use to the next sleeper.
+    /// Hands an event to the longest sleeper, if any: a new one (from
+    /// `capacity_event`) or one an attempt received and did not use.
     fn pass_on_event(&self) {
         if self.waiters.sleeping() > 0 {
             self.waiters.wake_one(&self.grace_timers);
