@@ -310,6 +310,15 @@ impl Attempt {
                 .get_mut(&self.key.bytes[..])
                 .expect("looked up above");
             let window = reason.retains_session().then(|| {
+                if let Reservation::Grace { until, .. } = record.reservation {
+                    if until <= now {
+                        // Over before this decision but not purged yet (the
+                        // pass purged when it began): it ended by expiry, so
+                        // count it as `purge` would, before a new one replaces it.
+                        shard.counters.grace_expired.add(1);
+                        record.window_ended = until;
+                    }
+                }
                 let next = match record.reservation {
                     Reservation::InFlight { holders, id } => Reservation::InFlight {
                         holders: holders + 1,
