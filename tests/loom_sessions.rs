@@ -19,8 +19,8 @@ use kvgate::{AcquireError, Reason, ReservationState};
 use loom::thread;
 
 /// Releases `token` at the clock's time.
-fn release(core: &Core, clock: &kvgate::ManualClock, token: kvgate::core::LeaseToken) {
-    core.release(token, now(clock));
+fn release(core: &Core, time: &VirtualTime, token: kvgate::core::LeaseToken) {
+    core.release(token, time.now());
 }
 
 /// A newer attempt vs an older attempt's admission. Two attempts of one hot
@@ -68,23 +68,31 @@ fn a_newer_attempt_vs_an_older_attempts_admission() {
             [Reason::ResidentPrefix].as_slice()
         };
         assert!(expected.contains(&newer_reason), "{newer_reason:?}");
-        let s = core.session_stats(b"hot-s", now(&clock)).unwrap();
+        let s = core.session_stats(b"hot-s", clock.now()).unwrap();
         assert_eq!(s.num_preempted, preempted);
         assert_eq!(s.active_leases as usize, leases.len());
         assert_eq!(
             s.reservation,
-            ReservationState::InFlight { leases: leases.len() as u32 },
+            ReservationState::InFlight {
+                leases: leases.len() as u32
+            },
             "exactly the admitted attempts hold the window"
         );
         assert!(!s.attempt_pending);
-        let g = core.stats(now(&clock));
-        assert_eq!((g.preempted, g.pending_attempts, g.waiting_attempts), (preempted, 0, 0));
+        let g = core.stats(clock.now());
+        assert_eq!(
+            (g.preempted, g.pending_attempts, g.waiting_attempts),
+            (preempted, 0, 0)
+        );
         assert_eq!(g.total_admissions() as usize, leases.len());
         for token in leases {
             release(&core, &clock, token);
         }
-        let g = core.stats(now(&clock));
-        assert_eq!((g.active_leases, g.reserved_in_flight, g.reserved_in_grace), (0, 0, 1));
+        let g = core.stats(clock.now());
+        assert_eq!(
+            (g.active_leases, g.reserved_in_flight, g.reserved_in_grace),
+            (0, 0, 1)
+        );
     });
 }
 
@@ -100,15 +108,32 @@ fn finish_vs_release_of_the_same_session() {
         let (c, k) = (core.clone(), clock.clone());
         let releaser = thread::spawn(move || release(&c, &k, token));
         let (c, k) = (core.clone(), clock.clone());
-        let finisher = thread::spawn(move || c.finish_session(b"hot-s", now(&k)).expect("tracked"));
+        let finisher = thread::spawn(move || c.finish_session(b"hot-s", k.now()).expect("tracked"));
         releaser.join().unwrap();
         let last = finisher.join().unwrap();
-        assert_eq!(last.reservation, ReservationState::None, "finish ends the window");
+        assert_eq!(
+            last.reservation,
+            ReservationState::None,
+            "finish ends the window"
+        );
         assert!(last.active_leases <= 1);
-        assert!(core.session_stats(b"hot-s", now(&clock)).is_none(), "forgotten");
-        let g = core.stats(now(&clock));
-        assert_eq!((g.reserved_in_flight, g.reserved_in_grace, g.tracked_sessions), (0, 0, 0));
-        assert_eq!((g.active_leases, g.releases, g.sessions_finished), (0, 1, 1));
+        assert!(
+            core.session_stats(b"hot-s", clock.now()).is_none(),
+            "forgotten"
+        );
+        let g = core.stats(clock.now());
+        assert_eq!(
+            (
+                g.reserved_in_flight,
+                g.reserved_in_grace,
+                g.tracked_sessions
+            ),
+            (0, 0, 0)
+        );
+        assert_eq!(
+            (g.active_leases, g.releases, g.sessions_finished),
+            (0, 1, 1)
+        );
     });
 }
 
@@ -123,18 +148,25 @@ fn lazy_purge_vs_a_reserved_session_admission() {
     model("lazy_purge_vs_a_reserved_session_admission", || {
         let (core, clock, probe) = core(HIGH);
         let grace = config().idle_grace.as_nanos() as u64;
-        release(&core, &clock, acquire(&core, &clock, &probe, b"hot-s").expect("resident"));
-        let expiry = now(&clock) + grace;
+        release(
+            &core,
+            &clock,
+            acquire(&core, &clock, &probe, b"hot-s").expect("resident"),
+        );
+        let expiry = clock.now() + grace;
         let (c, k) = (core.clone(), clock.clone());
         let purger = thread::spawn(move || {
-            k.set_ns(expiry);
+            k.advance_to(expiry);
             c.purge(expiry);
         });
         let (c, k, p) = (core.clone(), clock.clone(), probe.clone());
         let admitted = thread::spawn(move || {
             let d = begin(&c, &k, b"hot-s").expect("not closed");
             let started = d.started;
-            (started, drive(&c, &k, &p, d).expect("hot: admitted either way"))
+            (
+                started,
+                drive(&c, &k, &p, d).expect("hot: admitted either way"),
+            )
         });
         purger.join().unwrap();
         let (started, token) = admitted.join().unwrap();
@@ -144,18 +176,78 @@ fn lazy_purge_vs_a_reserved_session_admission() {
         } else {
             Reason::ResidentPrefix
         };
-        assert_eq!(token.admission().reason, expected, "decided at {decided_at}, window ends {expiry}");
+        assert_eq!(
+            token.admission().reason,
+            expected,
+            "decided at {decided_at}, window ends {expiry}"
+        );
         let s = core.session_stats(b"hot-s", expiry).unwrap();
         assert_eq!(s.reservation, ReservationState::InFlight { leases: 1 });
         let g = core.stats(expiry);
         assert_eq!((g.reserved_in_flight, g.reserved_in_grace), (1, 0));
         // A renewed window did not expire; a window over at the decision did.
-        assert_eq!(g.grace_expired, u64::from(expected == Reason::ResidentPrefix));
+        assert_eq!(
+            g.grace_expired,
+            u64::from(expected == Reason::ResidentPrefix)
+        );
         core.release(token, expiry);
         assert_eq!(
             core.session_stats(b"hot-s", expiry).unwrap().reservation,
-            ReservationState::Grace { remaining: config().idle_grace },
+            ReservationState::Grace {
+                remaining: config().idle_grace
+            },
             "the grace window ends at last release + idle_grace"
         );
+    });
+}
+
+/// The watcher and its handover, with time that wakes only the sleepers
+/// whose deadline passed (no `clock_advanced`, which would wake everyone).
+/// Two cold waiters are asleep under pressure (the first watches for grace
+/// expiries; there is no window yet, so both sleep to their 100 s poll). A
+/// resident session's lease is released: that opens a grace window and
+/// hands a capacity event to the first waiter, which re-probes, still sees
+/// pressure and sleeps again, while the watch passes to the other. Then time
+/// moves to the window's end, where the engine frees its blocks. Whatever
+/// the interleaving, someone must be asleep with a deadline no later than
+/// the expiry (whoever holds the watch by then), and the expiry's event must
+/// chain to both waiters: each is admitted `open`.
+///
+/// The waiters are put to sleep before the threads start (how a waiter goes
+/// to sleep is what the other models race); this keeps the model to the
+/// handover and the expiry, at about 10^4 interleavings instead of 10^6.
+#[test]
+fn the_watcher_wakes_at_an_expiry_after_a_handover() {
+    model("the_watcher_wakes_at_an_expiry_after_a_handover", || {
+        let (core, time, _) = core(HIGH);
+        let expiry = time.now() + config().idle_grace.as_nanos() as u64; // released at the start time
+        let probe = ScriptedProbe::low_from(HIGH, time.clock.clone(), expiry);
+        let lease = acquire(&core, &time, &probe, b"hot-g").expect("resident");
+        let waiters: Vec<_> = [&b"cold-1"[..], b"cold-2"]
+            .into_iter()
+            .map(|s| {
+                let (d, step) = asleep(&core, &time, s);
+                let (c, t, p) = (core.clone(), time.clone(), probe.clone());
+                thread::spawn(move || drive_from(&c, &t, &p, d, step))
+            })
+            .collect();
+        assert_eq!(core.stats(time.now()).waiting_attempts, 2);
+        let (c, t) = (core.clone(), time.clone());
+        let ticker = thread::spawn(move || {
+            c.release(lease, t.now()); // grace until `expiry`
+            t.advance_to(expiry);
+        });
+        ticker.join().unwrap();
+        for w in waiters {
+            let token = w.join().unwrap().expect("admitted after the expiry");
+            assert_eq!(token.admission().reason, Reason::Open);
+            core.release(token, expiry);
+        }
+        let g = core.stats(expiry);
+        assert_eq!(
+            (g.grace_expired, g.reserved_in_grace, g.active_leases),
+            (1, 0, 0)
+        );
+        assert_eq!((g.pending_attempts, g.waiting_attempts), (0, 0));
     });
 }

@@ -42,11 +42,52 @@ fn release_reaches_a_waiter_going_to_sleep() {
             held.release();
         });
         releaser.join().unwrap();
-        let lease = waiter.join().unwrap().expect("admitted once capacity freed");
+        let lease = waiter
+            .join()
+            .unwrap()
+            .expect("admitted once capacity freed");
         assert_eq!(lease.reason(), Reason::Open);
         drop(lease);
         let s = gate.stats();
-        assert_eq!((s.active_leases, s.releases, s.total_admissions()), (0, 2, 2));
+        assert_eq!(
+            (s.active_leases, s.releases, s.total_admissions()),
+            (0, 2, 2)
+        );
+        assert_eq!((s.pending_attempts, s.waiting_attempts), (0, 0));
+    });
+}
+
+/// Targeted wake-ups chain: one release wakes one waiter, and a waiter
+/// admitted on that event passes it on, so two waiters (anywhere on their
+/// way to sleep) are both admitted once usage dropped, without a herd.
+#[test]
+fn one_release_reaches_two_waiters_through_the_chain() {
+    model("one_release_reaches_two_waiters_through_the_chain", || {
+        let (gate, _clock, probe) = gate(LOW);
+        let held = gate.acquire(b"h", PROMPT).expect("open");
+        probe.set_usage(HIGH);
+        let waiters: Vec<_> = [&b"cold-1"[..], b"cold-2"]
+            .into_iter()
+            .map(|s| {
+                let g = gate.clone();
+                thread::spawn(move || g.acquire(s, PROMPT))
+            })
+            .collect();
+        let p = probe.clone();
+        let releaser = thread::spawn(move || {
+            p.set_usage(LOW);
+            held.release();
+        });
+        releaser.join().unwrap();
+        for w in waiters {
+            let lease = w.join().unwrap().expect("admitted once capacity freed");
+            assert_eq!(lease.reason(), Reason::Open);
+        }
+        let s = gate.stats();
+        assert_eq!(
+            (s.active_leases, s.total_admissions(), s.releases),
+            (0, 3, 3)
+        );
         assert_eq!((s.pending_attempts, s.waiting_attempts), (0, 0));
     });
 }
@@ -68,13 +109,22 @@ fn finish_reaches_a_waiter_going_to_sleep() {
             assert_eq!(last.admissions, 1);
         });
         finisher.join().unwrap();
-        let lease = waiter.join().unwrap().expect("admitted once capacity freed");
+        let lease = waiter
+            .join()
+            .unwrap()
+            .expect("admitted once capacity freed");
         assert_eq!(lease.reason(), Reason::Open);
         drop(lease);
         let s = gate.stats();
         assert_eq!((s.reserved_in_grace, s.reserved_in_flight), (0, 0));
-        assert_eq!((s.sessions_finished, s.active_leases, s.pending_attempts), (1, 0, 0));
-        assert!(gate.session_stats(b"hot-f").is_none(), "finished and idle: forgotten");
+        assert_eq!(
+            (s.sessions_finished, s.active_leases, s.pending_attempts),
+            (1, 0, 0)
+        );
+        assert!(
+            gate.session_stats(b"hot-f").is_none(),
+            "finished and idle: forgotten"
+        );
     });
 }
 
@@ -86,27 +136,33 @@ fn finish_reaches_a_waiter_going_to_sleep() {
 /// sleeps past the earliest expiry.
 #[test]
 fn a_grace_expiry_reaches_a_waiter_with_nobody_else_calling() {
-    model("a_grace_expiry_reaches_a_waiter_with_nobody_else_calling", || {
-        let clock = StdArc::new(kvgate::ManualClock::new(SEC));
-        let expiry = SEC + config().idle_grace.as_nanos() as u64;
-        let probe = ScriptedProbe::low_from(HIGH, clock.clone(), expiry);
-        let gate = gate_on(&clock, &probe);
-        drop(gate.acquire(b"hot-g", PROMPT).expect("resident")); // grace until `expiry`
-        let g = gate.clone();
-        let waiter = thread::spawn(move || g.acquire(b"cold", PROMPT));
-        let (g, c) = (gate.clone(), clock.clone());
-        let ticker = thread::spawn(move || {
-            c.set_ns(expiry);
-            g.clock_advanced();
-        });
-        ticker.join().unwrap();
-        let lease = waiter.join().unwrap().expect("admitted after the expiry");
-        assert_eq!(lease.reason(), Reason::Open);
-        drop(lease);
-        let s = gate.stats();
-        assert_eq!((s.grace_expired, s.reserved_in_grace), (1, 0));
-        assert_eq!((s.active_leases, s.pending_attempts, s.waiting_attempts), (0, 0, 0));
-    });
+    model(
+        "a_grace_expiry_reaches_a_waiter_with_nobody_else_calling",
+        || {
+            let clock = StdArc::new(kvgate::ManualClock::new(SEC));
+            let expiry = SEC + config().idle_grace.as_nanos() as u64;
+            let probe = ScriptedProbe::low_from(HIGH, clock.clone(), expiry);
+            let gate = gate_on(&clock, &probe);
+            drop(gate.acquire(b"hot-g", PROMPT).expect("resident")); // grace until `expiry`
+            let g = gate.clone();
+            let waiter = thread::spawn(move || g.acquire(b"cold", PROMPT));
+            let (g, c) = (gate.clone(), clock.clone());
+            let ticker = thread::spawn(move || {
+                c.set_ns(expiry);
+                g.clock_advanced();
+            });
+            ticker.join().unwrap();
+            let lease = waiter.join().unwrap().expect("admitted after the expiry");
+            assert_eq!(lease.reason(), Reason::Open);
+            drop(lease);
+            let s = gate.stats();
+            assert_eq!((s.grace_expired, s.reserved_in_grace), (1, 0));
+            assert_eq!(
+                (s.active_leases, s.pending_attempts, s.waiting_attempts),
+                (0, 0, 0)
+            );
+        },
+    );
 }
 
 /// Close vs waiting attempts: two waiters, anywhere on their way to sleep,
@@ -129,9 +185,15 @@ fn close_ends_every_waiting_attempt() {
         for w in waiters {
             assert_eq!(w.join().unwrap().unwrap_err(), AcquireError::Closed);
         }
-        assert_eq!(gate.acquire(b"late", PROMPT).unwrap_err(), AcquireError::Closed);
+        assert_eq!(
+            gate.acquire(b"late", PROMPT).unwrap_err(),
+            AcquireError::Closed
+        );
         let s = gate.stats();
-        assert_eq!((s.closed, s.pending_attempts, s.waiting_attempts), (3, 0, 0));
+        assert_eq!(
+            (s.closed, s.pending_attempts, s.waiting_attempts),
+            (3, 0, 0)
+        );
         assert_eq!(s.total_admissions(), 0);
     });
 }
@@ -155,10 +217,15 @@ fn a_newer_attempt_preempts_a_waiter_going_to_sleep() {
         let g = gate.clone();
         let newer = thread::spawn(move || g.acquire(b"cold", PROMPT));
         assert_eq!(older.join().unwrap().unwrap_err(), AcquireError::Preempted);
-        let s = gate.session_stats(b"cold").expect("the newer attempt is pending");
+        let s = gate
+            .session_stats(b"cold")
+            .expect("the newer attempt is pending");
         assert_eq!((s.num_preempted, s.attempts, s.active_leases), (1, 2, 0));
         assert!(s.attempt_pending);
-        assert!(gate.cancel_session(b"cold"), "the newer attempt is the one pending");
+        assert!(
+            gate.cancel_session(b"cold"),
+            "the newer attempt is the one pending"
+        );
         assert_eq!(newer.join().unwrap().unwrap_err(), AcquireError::Cancelled);
         let s = gate.stats();
         assert_eq!((s.preempted, s.cancelled, s.total_admissions()), (1, 1, 0));
@@ -184,7 +251,10 @@ fn cancel_reaches_a_waiter_going_to_sleep() {
         canceller.join().unwrap();
         assert_eq!(waiter.join().unwrap().unwrap_err(), AcquireError::Cancelled);
         let s = gate.stats();
-        assert_eq!((s.cancelled, s.pending_attempts, s.waiting_attempts), (1, 0, 0));
+        assert_eq!(
+            (s.cancelled, s.pending_attempts, s.waiting_attempts),
+            (1, 0, 0)
+        );
     });
 }
 
@@ -204,7 +274,10 @@ fn lease_drop_vs_stats() {
         let reader = thread::spawn(move || {
             let s = g.stats();
             assert!(s.active_leases <= 1 && s.releases <= 1, "{s:?}");
-            assert!(s.reserved_in_flight <= 1 && s.reserved_in_grace <= 1, "{s:?}");
+            assert!(
+                s.reserved_in_flight <= 1 && s.reserved_in_grace <= 1,
+                "{s:?}"
+            );
             assert_eq!((s.total_admissions(), s.pending_attempts), (1, 0));
             let one = g.session_stats(b"hot-s").expect("in flight or in grace");
             match one.reservation {
@@ -221,6 +294,14 @@ fn lease_drop_vs_stats() {
         dropper.join().unwrap();
         reader.join().unwrap();
         let s = gate.stats();
-        assert_eq!((s.active_leases, s.releases, s.reserved_in_flight, s.reserved_in_grace), (0, 1, 0, 1));
+        assert_eq!(
+            (
+                s.active_leases,
+                s.releases,
+                s.reserved_in_flight,
+                s.reserved_in_grace
+            ),
+            (0, 1, 0, 1)
+        );
     });
 }

@@ -137,10 +137,11 @@ pub fn gate_on(clock: &StdArc<ManualClock>, probe: &StdArc<ScriptedProbe>) -> Ga
     Gate::with_clock(config(), probe.clone(), clock.clone()).expect("valid config")
 }
 
-/// A sans-IO core on a manual clock (starting at 1 s) and a scripted probe.
-pub fn core(usage: f64) -> (StdArc<Core>, StdArc<ManualClock>, StdArc<ScriptedProbe>) {
+/// A sans-IO core on virtual time (starting at 1 s) and a scripted probe.
+pub fn core(usage: f64) -> (StdArc<Core>, StdArc<VirtualTime>, StdArc<ScriptedProbe>) {
     let core = StdArc::new(Core::new(config()).expect("valid config"));
-    (core, StdArc::new(ManualClock::new(SEC)), ScriptedProbe::new(usage))
+    let time = VirtualTime::new(StdArc::new(ManualClock::new(SEC)));
+    (core, time, ScriptedProbe::new(usage))
 }
 
 /// The clock's reading.
@@ -162,13 +163,18 @@ impl TestParker {
     }
 
     /// Sleeps until notified (loom has no timeouts: a deadline reaches a
-    /// sleeper only as a notification, from a clock move or an event).
+    /// sleeper only as a notification, from [`VirtualTime`] or an event).
     pub fn park(&self) {
         let mut token = self.token.lock().unwrap();
         while !*token {
             token = self.condvar.wait(token).unwrap();
         }
         *token = false;
+    }
+
+    fn unpark(&self) {
+        *self.token.lock().unwrap() = true;
+        self.condvar.notify_one();
     }
 }
 
@@ -177,8 +183,61 @@ pub struct Wake(pub Arc<TestParker>);
 
 impl Notify for Wake {
     fn notify(&self) {
-        *self.0.token.lock().unwrap() = true;
-        self.0.condvar.notify_one();
+        self.0.unpark();
+    }
+}
+
+/// Virtual time for models that drive the core: a manual clock plus the
+/// sleepers' deadlines, so that moving the clock wakes exactly the sleepers
+/// whose deadline passed, as a real timed wait would (the tokio time-driver
+/// tests' `process_at_time`). Unlike `clock_advanced`, which wakes everyone,
+/// this leaves a sleeper with a deadline too late asleep, which is what makes
+/// a wrong deadline (e.g. a watcher sleeping past an expiry) a deadlock.
+#[derive(Debug)]
+pub struct VirtualTime {
+    pub clock: StdArc<ManualClock>,
+    sleepers: Mutex<Vec<(u64, Arc<TestParker>)>>,
+}
+
+impl VirtualTime {
+    pub fn new(clock: StdArc<ManualClock>) -> StdArc<Self> {
+        StdArc::new(Self {
+            clock,
+            sleepers: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn now(&self) -> u64 {
+        now(&self.clock)
+    }
+
+    /// Moves the clock to `t`, then wakes every sleeper whose deadline is at or before `t`.
+    pub fn advance_to(&self, t: u64) {
+        self.clock.set_ns(t);
+        let sleepers = self.sleepers.lock().unwrap();
+        for (until, parker) in sleepers.iter() {
+            if *until <= t {
+                parker.unpark();
+            }
+        }
+    }
+
+    /// Sleeps until notified or until the clock reaches `until`. The clock is
+    /// read after registering, under the registry lock, so a move that
+    /// registered sleepers missed is seen here.
+    fn sleep(&self, parker: &Arc<TestParker>, until: u64) {
+        {
+            let mut sleepers = self.sleepers.lock().unwrap();
+            if self.now() >= until {
+                return;
+            }
+            sleepers.push((until, parker.clone()));
+        }
+        parker.park();
+        self.sleepers
+            .lock()
+            .unwrap()
+            .retain(|(_, p)| !Arc::ptr_eq(p, parker));
     }
 }
 
@@ -192,10 +251,16 @@ pub struct Driven {
 }
 
 /// Begins an attempt of `session` at the clock's time.
-pub fn begin(core: &Core, clock: &ManualClock, session: &[u8]) -> Result<Driven, AcquireError> {
+pub fn begin(core: &Core, time: &VirtualTime, session: &[u8]) -> Result<Driven, AcquireError> {
     let parker = TestParker::new();
-    let now = kvgate::Clock::now_ns(clock);
-    let attempt = core.begin(session, PROMPT.len(), now, None, Box::new(Wake(parker.clone())))?;
+    let now = time.now();
+    let attempt = core.begin(
+        session,
+        PROMPT.len(),
+        now,
+        None,
+        Box::new(Wake(parker.clone())),
+    )?;
     Ok(Driven {
         attempt,
         parker,
@@ -204,29 +269,40 @@ pub fn begin(core: &Core, clock: &ManualClock, session: &[u8]) -> Result<Driven,
 }
 
 /// Drives a begun attempt to its end the way the blocking gate does: probes
-/// answered by `probe`, time read from `clock`, sleeps on the parker.
-/// A `Sleep` whose deadline the clock has reached returns at once.
+/// answered by `probe`, time read from `time`, sleeps on the parker until
+/// notified or the deadline the core asked for.
 pub fn drive(
     core: &Core,
-    clock: &ManualClock,
+    time: &VirtualTime,
     probe: &ScriptedProbe,
     mut d: Driven,
 ) -> Result<LeaseToken, AcquireError> {
+    let step = d.attempt.start(core, time.now());
+    drive_from(core, time, probe, d, step)
+}
+
+/// Drives an attempt on from `step` (see [`drive`]).
+pub fn drive_from(
+    core: &Core,
+    time: &VirtualTime,
+    probe: &ScriptedProbe,
+    mut d: Driven,
+    mut step: Step,
+) -> Result<LeaseToken, AcquireError> {
     let session = d.attempt.session_id().to_vec();
-    let now = || kvgate::Clock::now_ns(clock);
-    let mut step = d.attempt.start(core, now());
     loop {
         step = match step {
-            Step::ProbeUsage => d.attempt.on_usage(core, probe.kv_cache_usage(&session), now()),
+            Step::ProbeUsage => {
+                let usage = probe.kv_cache_usage(&session);
+                d.attempt.on_usage(core, usage, time.now())
+            }
             Step::ProbePrefix => {
                 let hit = probe.prefix_hit_ratio(&session, PROMPT);
-                d.attempt.on_prefix(core, hit, now())
+                d.attempt.on_prefix(core, hit, time.now())
             }
             Step::Sleep { until_ns } => {
-                if now() < until_ns {
-                    d.parker.park();
-                }
-                d.attempt.on_wake(core, now())
+                time.sleep(&d.parker, until_ns);
+                d.attempt.on_wake(core, time.now())
             }
             Step::Admitted(token) => return Ok(token),
             Step::Failed(err) => return Err(err),
@@ -237,9 +313,24 @@ pub fn drive(
 /// `begin` then `drive`.
 pub fn acquire(
     core: &Core,
-    clock: &ManualClock,
+    time: &VirtualTime,
     probe: &ScriptedProbe,
     session: &[u8],
 ) -> Result<LeaseToken, AcquireError> {
-    drive(core, clock, probe, begin(core, clock, session)?)
+    drive(core, time, probe, begin(core, time, session)?)
+}
+
+/// Begins a cold attempt and drives it, on this thread, to its first sleep
+/// (pressure: usage at or above the watermark, prefix below the threshold).
+pub fn asleep(core: &Core, time: &VirtualTime, session: &[u8]) -> (Driven, Step) {
+    let mut d = begin(core, time, session).expect("not closed");
+    assert!(matches!(
+        d.attempt.start(core, time.now()),
+        Step::ProbeUsage
+    ));
+    let step = d.attempt.on_usage(core, Some(HIGH), time.now());
+    assert!(matches!(step, Step::ProbePrefix), "{step:?}");
+    let step = d.attempt.on_prefix(core, Some(COLD), time.now());
+    assert!(matches!(step, Step::Sleep { .. }), "{step:?}");
+    (d, step)
 }
