@@ -438,6 +438,12 @@ impl Attempt {
         debug_assert_ne!(self.phase, Phase::Done);
         self.phase = Phase::Done;
         core.waiters.dequeue(&self.slot, &core.grace_timers);
+        // An event handed to this attempt that it never took with `on_wake`
+        // (its driver abandoned it while it slept) is passed on below like a
+        // held one, or the next sleeper would sleep until its poll.
+        if self.slot.wake.swap(0, Ordering::SeqCst) & WAKE_EVENT != 0 {
+            self.holding_event = true;
+        }
         let (_, shard) = core.shard_of(&self.key);
         {
             let mut map = shard.lock();
