@@ -136,8 +136,11 @@ fn op() -> impl Strategy<Value = Op> {
         14 => (a.clone(), usage(), prefix())
             .prop_map(|(a, usage, prefix)| Op::Feed { a, usage, prefix }),
         4 => Just(Op::WakeDue),
+        // Coarse steps (half seconds; grace, poll and timeouts are whole
+        // seconds), so that a decision lands exactly on a window's end, a
+        // poll or a deadline often: those equalities are part of the contract.
         4 => prop_oneof![
-            4 => (0..3_000u64).prop_map(|ms| ms * MS),
+            4 => (0..6u64).prop_map(|n| n * 500 * MS),
             1 => (1..15u64).prop_map(|s| s * SEC),
             1 => (15..60u64).prop_map(|s| s * SEC),
         ].prop_map(|by| Op::Advance { by }),
