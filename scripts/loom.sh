@@ -13,4 +13,4 @@ target=(--release --target-dir target-loom)
 
 # The library itself must build with its loom twins.
 cargo check --lib "${target[@]}"
-cargo test "${target[@]}" --test 'loom_*' -- --nocapture --test-threads=2 "$@"
+cargo test "${target[@]}" --no-fail-fast --test 'loom_*' -- --nocapture --test-threads=2 "$@"
