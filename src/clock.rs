@@ -4,8 +4,11 @@
 //! reads the one it was given. Tests, simulations and loom models inject a
 //! [`ManualClock`] and move time themselves.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+// Through the facade: under loom, moving a manual clock is a modelled step,
+// so a deadline passing is one more interleaving the models explore.
+use crate::sync::{AtomicU64, Ordering};
 
 /// A monotonic clock in nanoseconds since an arbitrary origin.
 pub trait Clock: Send + Sync {

@@ -8,7 +8,9 @@
 
 #[cfg(not(loom))]
 mod imp {
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use std::sync::atomic::{
+        fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    };
     pub(crate) use std::sync::Arc;
     use std::time::Duration;
 
@@ -60,7 +62,9 @@ mod imp {
 
 #[cfg(loom)]
 mod imp {
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::atomic::{
+        fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    };
     pub(crate) use loom::sync::Arc;
     use std::time::Duration;
 
@@ -112,3 +116,22 @@ mod imp {
 }
 
 pub(crate) use imp::*;
+
+/// Orders a preceding write before a following read, for the two-sided
+/// "write mine, then read yours" handshakes that keep wake-ups from being
+/// lost (a sleeper writes "asleep" then reads the event epoch; a waker
+/// writes the epoch then reads "asleep": at least one sees the other).
+///
+/// The atomics on both sides are already `SeqCst`, which in the real memory
+/// model forbids both reads missing both writes. loom, though, models
+/// `SeqCst` accesses as acquire/release only (its README, "Unsupported
+/// features"; loom#180), which allows exactly that outcome, so without a
+/// fence the models report a deadlock that cannot happen. loom does model
+/// `fence(SeqCst)`, and a fence is what makes the handshake correct under
+/// any orderings, so the real build carries it too: the checked program is
+/// the shipped one. Its cost (one `mfence` on x86) sits next to a lock on
+/// both paths.
+#[inline]
+pub(crate) fn dekker_fence() {
+    fence(Ordering::SeqCst);
+}

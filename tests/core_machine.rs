@@ -530,3 +530,50 @@ fn finish_session_hands_back_the_final_figures_of_a_forgotten_session() {
     );
     assert!(core.finish_session(b"s", 5).is_none());
 }
+
+#[test]
+fn an_attempt_abandoned_while_holding_an_undelivered_event_passes_it_on() {
+    // Regression (found by the proptest model): a sleeper handed a capacity
+    // event and abandoned by its driver before it called `on_wake` (a
+    // sans-IO host dropping the request) must not take the event with it,
+    // or the next sleeper sleeps until its poll.
+    let core = core(100, 60);
+    let lease = open_lease(&core, "running", 0);
+    let (mut w1, _) = cold_waiter(&core, "w1", 1);
+    let (w2, _) = cold_waiter(&core, "w2", 2);
+    core.release(lease, 3); // the event goes to w1, the longest asleep
+    let before = w2.wakes();
+    w1.attempt.abandon(&core, 4);
+    assert_eq!(
+        w2.wakes(),
+        before + 1,
+        "the unused event goes to the next sleeper"
+    );
+}
+
+#[test]
+fn a_window_over_before_a_retaining_decision_counts_as_expired() {
+    // Regression (found by the loom model of a lazy purge vs a
+    // reserved_session admission): a pass purges when it begins; a window
+    // ending while its probes run is over at the decision, and a retaining
+    // admission that replaces it must count it as expired like a purge would.
+    let grace = 5;
+    let core = core(100, grace);
+    core.release(resident_lease(&core, "s", 0), 0); // window over at 5 s
+    let end = grace * SEC;
+    let (mut d, step) = begin(&core, "s", end - 1, None); // the pass begins inside the window
+    assert!(matches!(step, Step::ProbeUsage));
+    let step = d.attempt.on_usage(&core, Some(0.9), end); // ... and decides at its end
+    assert!(
+        matches!(step, Step::ProbePrefix),
+        "over at `until`: {step:?}"
+    );
+    let token = admitted(d.attempt.on_prefix(&core, Some(0.9), end));
+    assert_eq!(token.admission().reason, Reason::ResidentPrefix);
+    let s = core.stats(end);
+    assert_eq!(
+        (s.grace_expired, s.reserved_in_flight, s.reserved_in_grace),
+        (1, 1, 0)
+    );
+    core.release(token, end);
+}

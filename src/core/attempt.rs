@@ -310,6 +310,15 @@ impl Attempt {
                 .get_mut(&self.key.bytes[..])
                 .expect("looked up above");
             let window = reason.retains_session().then(|| {
+                if let Reservation::Grace { until, .. } = record.reservation {
+                    if until <= now {
+                        // Over before this decision but not purged yet (the
+                        // pass purged when it began): it ended by expiry, so
+                        // count it as `purge` would, before a new one replaces it.
+                        shard.counters.grace_expired.add(1);
+                        record.window_ended = until;
+                    }
+                }
                 let next = match record.reservation {
                     Reservation::InFlight { holders, id } => Reservation::InFlight {
                         holders: holders + 1,
@@ -429,6 +438,12 @@ impl Attempt {
         debug_assert_ne!(self.phase, Phase::Done);
         self.phase = Phase::Done;
         core.waiters.dequeue(&self.slot, &core.grace_timers);
+        // An event handed to this attempt that it never took with `on_wake`
+        // (its driver abandoned it while it slept) is passed on below like a
+        // held one, or the next sleeper would sleep until its poll.
+        if self.slot.wake.swap(0, Ordering::SeqCst) & WAKE_EVENT != 0 {
+            self.holding_event = true;
+        }
         let (_, shard) = core.shard_of(&self.key);
         {
             let mut map = shard.lock();

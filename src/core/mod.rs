@@ -387,6 +387,9 @@ impl Core {
     /// Capacity may have been freed: bump the epoch, then wake one sleeper.
     fn capacity_event(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
+        // The waker's half of the handshake with `Waiters::enqueue`: write
+        // the epoch, then read "asleep". See `sync::dekker_fence`.
+        crate::sync::dekker_fence();
         self.pass_on_event();
     }
 

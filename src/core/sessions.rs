@@ -5,7 +5,7 @@
 //! in parallel and operations on one session are linearised by one lock.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::Arc as StdArc;
 
 use crossbeam_utils::CachePadded;
@@ -182,10 +182,18 @@ impl Shard {
     }
 }
 
+/// Seeds the shard hash. Randomly keyed normally; fixed under loom, where a
+/// model must take the same path every time it replays an interleaving (a
+/// random key would move sessions between shards from one replay to the next).
+#[cfg(not(loom))]
+type TableHasher = std::hash::RandomState;
+#[cfg(loom)]
+type TableHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
+
 /// The whole table: a power-of-two number of shards.
 #[derive(Debug)]
 pub(crate) struct SessionTable {
-    hasher: RandomState,
+    hasher: TableHasher,
     shards: Box<[CachePadded<Shard>]>,
     shard_bits: u32,
 }
@@ -201,7 +209,7 @@ impl SessionTable {
             })
             .collect();
         Self {
-            hasher: RandomState::new(),
+            hasher: TableHasher::default(),
             shards,
             shard_bits,
         }

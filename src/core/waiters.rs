@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::core::timers::{TimerQueue, NEVER};
-use crate::sync::{Arc, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering};
+use crate::sync::{dekker_fence, Arc, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering};
 
 /// Wakes the thread or task driving one attempt. Called with gate locks
 /// held: it must only set a flag, unpark, or enqueue, never call into the gate.
@@ -157,6 +157,10 @@ impl Waiters {
         q.fifo.insert(ticket, slot.clone());
         slot.ticket.store(ticket, Ordering::SeqCst);
         self.sleeping.store(q.fifo.len(), Ordering::SeqCst);
+        // The sleeper's half of the handshake (the waker's is in
+        // `Core::capacity_event` and `expiry_added`): publish "asleep", then
+        // read what the waker writes. See `sync::dekker_fence`.
+        dekker_fence();
         if changed() {
             q.fifo.remove(&ticket);
             slot.ticket.store(0, Ordering::SeqCst);
@@ -241,6 +245,7 @@ impl Waiters {
     pub(crate) fn expiry_added(&self, expiry: u64) {
         // Nobody asleep: whoever sleeps next reads the earliest expiry itself
         // (the window was armed before this check, SeqCst on both sides).
+        dekker_fence(); // the window was armed (written) above; now read "asleep"
         if self.sleeping() == 0 || expiry >= self.watch_deadline.load(Ordering::SeqCst) {
             return;
         }
