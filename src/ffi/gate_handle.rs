@@ -21,7 +21,7 @@
 use std::cell::RefCell;
 
 use super::leases::LeaseRegistry;
-use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicUsize, Condvar, Mutex, Ordering};
 use crate::{Gate, Lease};
 
 /// The payload of a `kvgate_gate *`.
@@ -47,7 +47,7 @@ impl GateHandle {
         // `try_with` fails only in a thread-local destructor; then this call
         // merely is not recognised as the thread's own by a nested free.
         let _ = ACQUIRING.try_with(|keys| keys.borrow_mut().push(key));
-        self.calls.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.calls.state.fetch_add(ONE_CALL, Ordering::SeqCst);
         AcquireCall {
             calls: &self.calls,
             key,
@@ -65,36 +65,46 @@ impl GateHandle {
 
 /// Acquires in progress and the wait `kvgate_free` does for them.
 ///
-/// `in_flight` counts calls; `freeing` tells exiting calls to notify. Both
-/// SeqCst: an exiting call decrements then reads `freeing`, the freeing
-/// thread sets `freeing` then reads `in_flight`, so either the exiting call
-/// notifies or the freeing thread sees its decrement. Notifying takes
-/// `lock` first, so it cannot fall between the waiter's check and its wait.
+/// State word (`state`):
+///
+/// | bits   | meaning                                               |
+/// |--------|-------------------------------------------------------|
+/// | 0      | `FREEING`: `kvgate_free` began; exiting calls notify   |
+/// | 1..    | number of `kvgate_acquire` calls in progress          |
+///
+/// One word, changed only by read-modify-writes, so an exiting call's
+/// decrement and the freeing thread's `FREEING` are ordered against each
+/// other: either the decrement comes first and the freeing thread's later
+/// reads see it, or the exiting call sees `FREEING` and notifies. (Two
+/// separate atomics would be a store-buffering pattern that needs SeqCst
+/// fences.) Notifying takes `lock` first, so it cannot fall between the
+/// waiter's check and its wait.
 #[derive(Debug)]
 struct CallTracker {
-    in_flight: AtomicUsize,
-    freeing: AtomicBool,
+    state: AtomicUsize,
     lock: Mutex<()>,
     drained: Condvar,
 }
 
+const FREEING: usize = 1;
+const ONE_CALL: usize = 2;
+
 impl CallTracker {
     fn new() -> Self {
         Self {
-            in_flight: AtomicUsize::new(0),
-            freeing: AtomicBool::new(false),
+            state: AtomicUsize::new(0),
             lock: Mutex::new(()),
             drained: Condvar::new(),
         }
     }
 
     fn wait_for_others(&self, key: usize) {
-        self.freeing.store(true, Ordering::SeqCst);
+        self.state.fetch_or(FREEING, Ordering::SeqCst);
         let own = ACQUIRING
             .try_with(|keys| keys.borrow().iter().filter(|k| **k == key).count())
             .unwrap_or(0);
         let mut guard = self.lock.lock();
-        while self.in_flight.load(Ordering::SeqCst) > own {
+        while self.state.load(Ordering::SeqCst) / ONE_CALL > own {
             guard = self.drained.wait(guard);
         }
     }
@@ -115,8 +125,8 @@ impl Drop for AcquireCall<'_> {
                 keys.swap_remove(at);
             }
         });
-        self.calls.in_flight.fetch_sub(1, Ordering::SeqCst);
-        if self.calls.freeing.load(Ordering::SeqCst) {
+        let before = self.calls.state.fetch_sub(ONE_CALL, Ordering::SeqCst);
+        if before & FREEING != 0 {
             drop(self.calls.lock.lock());
             self.calls.drained.notify_one();
         }

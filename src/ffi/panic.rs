@@ -93,7 +93,9 @@ mod tests {
 
     #[test]
     fn a_panic_becomes_the_status_and_a_message() {
-        let status = ffi_status("kvgate_test", || -> Result<(), Failure> { panic!("boom {}", 42) });
+        let status = ffi_status("kvgate_test", || -> Result<(), Failure> {
+            panic!("boom {}", 42)
+        });
         assert_eq!(status, kvgate_status::KVGATE_PANIC);
         let msg = last_error_string().unwrap();
         assert!(msg.starts_with("kvgate_test: kvgate panicked"), "{msg}");
