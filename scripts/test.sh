@@ -25,4 +25,9 @@ cargo run --example readme
 step 'RUSTFLAGS="--cfg loom" cargo check --lib --target-dir target-loom'
 RUSTFLAGS="--cfg loom" cargo check --lib --target-dir target-loom
 
+# C ABI: header compiled alone, README C snippet, C (plain, valgrind,
+# ASan/UBSan), C++ and Python hosts. The header drift test is in cargo test.
+step "./scripts/ffi-examples.sh"
+./scripts/ffi-examples.sh
+
 step "all tests passed"
