@@ -102,6 +102,6 @@ step "Python proxy (ctypes, asyncio)"
 run_and_expect python-proxy '^binding: layouts match the header' \
     '^wait: heartbeat ticked [0-9]+ times while a turn waited$' \
     '^free: the waiting turn returned Closed$' '^python proxy: [0-9]+ checks passed$' -- \
-    python3 ffi-examples/python/proxy.py --lib "$libdir/libkvgate.so"
+    env PYTHONDONTWRITEBYTECODE=1 python3 ffi-examples/python/proxy.py --lib "$libdir/libkvgate.so"
 
 step "ffi examples passed"

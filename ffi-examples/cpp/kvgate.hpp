@@ -271,14 +271,7 @@ public:
     /// Ends the session's ownership window; its final figures, or nullopt
     /// if the session was not tracked.
     std::optional<kvgate_session_stats> finish_session(std::string_view session) const {
-        kvgate_session_stats last{};
-        kvgate_status status =
-            kvgate_finish_session(state_->get(), detail::bytes(session), session.size(), &last);
-        if (status == KVGATE_NOT_FOUND) {
-            return std::nullopt;
-        }
-        detail::check(status);
-        return last;
+        return session_call(kvgate_finish_session, session);
     }
 
     /// Cancels the session's waiting attempt; whether there was one.
@@ -293,14 +286,7 @@ public:
     }
 
     std::optional<kvgate_session_stats> session_stats(std::string_view session) const {
-        kvgate_session_stats out{};
-        kvgate_status status =
-            kvgate_get_session_stats(state_->get(), detail::bytes(session), session.size(), &out);
-        if (status == KVGATE_NOT_FOUND) {
-            return std::nullopt;
-        }
-        detail::check(status);
-        return out;
+        return session_call(kvgate_get_session_stats, session);
     }
 
     kvgate_stats stats() const {
@@ -326,6 +312,20 @@ public:
     void close() const { detail::check(kvgate_close(state_->get())); }
 
 private:
+    using SessionFn = kvgate_status (*)(kvgate_gate*, const uint8_t*, size_t,
+                                        kvgate_session_stats*);
+
+    std::optional<kvgate_session_stats> session_call(SessionFn fn,
+                                                     std::string_view session) const {
+        kvgate_session_stats out{};
+        kvgate_status status = fn(state_->get(), detail::bytes(session), session.size(), &out);
+        if (status == KVGATE_NOT_FOUND) {
+            return std::nullopt;
+        }
+        detail::check(status);
+        return out;
+    }
+
     std::shared_ptr<detail::GateState> state_;
 };
 

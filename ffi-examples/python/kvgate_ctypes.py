@@ -345,18 +345,16 @@ class Gate:
         return True
 
     def finish_session(self, session: bytes) -> Optional[SessionStats]:
-        sid, sid_len = _bytes(session)
-        out = SessionStats()
-        status = self._lib.kvgate_finish_session(self._raw, sid, sid_len, ctypes.byref(out))
-        if status == Status.NOT_FOUND:
-            return None
-        _check(status)
-        return out
+        """Ends the session's window; its final figures, or None if not tracked."""
+        return self._session_call(self._lib.kvgate_finish_session, session)
 
     def session_stats(self, session: bytes) -> Optional[SessionStats]:
+        return self._session_call(self._lib.kvgate_get_session_stats, session)
+
+    def _session_call(self, fn, session: bytes) -> Optional[SessionStats]:
         sid, sid_len = _bytes(session)
         out = SessionStats()
-        status = self._lib.kvgate_get_session_stats(self._raw, sid, sid_len, ctypes.byref(out))
+        status = fn(self._raw, sid, sid_len, ctypes.byref(out))
         if status == Status.NOT_FOUND:
             return None
         _check(status)

@@ -27,6 +27,16 @@ impl Failure {
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Self::new(kvgate_status::KVGATE_INVALID_ARGUMENT, message)
     }
+
+    pub(crate) fn not_tracked(session: &[u8]) -> Self {
+        Self::new(
+            kvgate_status::KVGATE_NOT_FOUND,
+            format!(
+                "session {} is not tracked (never seen, finished, or retired)",
+                SessionName(session)
+            ),
+        )
+    }
 }
 
 impl From<crate::ConfigError> for Failure {

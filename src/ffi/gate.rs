@@ -183,7 +183,7 @@ pub unsafe extern "C" fn kvgate_acquire(
         // SAFETY: as above.
         let (session, prompt, out) = unsafe {
             (
-                handles::slice_arg(session_id, session_id_len, "session_id", "session_id_len")?,
+                handles::session_arg(session_id, session_id_len)?,
                 handles::slice_arg(prompt_ids, prompt_len, "prompt_ids", "prompt_len")?,
                 handles::out_arg(out, "out")?,
             )
@@ -306,29 +306,19 @@ pub unsafe extern "C" fn kvgate_finish_session(
         let (handle, session, out) = unsafe {
             (
                 handles::gate_ref(gate, "gate")?,
-                handles::slice_arg(session_id, session_id_len, "session_id", "session_id_len")?,
+                handles::session_arg(session_id, session_id_len)?,
                 handles::optional_out_arg(out_final, "out_final")?,
             )
         };
         let last = handle
             .gate
             .finish_session(session)
-            .ok_or_else(|| not_tracked(session))?;
+            .ok_or_else(|| Failure::not_tracked(session))?;
         if let Some(out) = out {
             out.write(kvgate_session_stats::from(&last));
         }
         Ok(())
     })
-}
-
-pub(super) fn not_tracked(session: &[u8]) -> Failure {
-    Failure::new(
-        kvgate_status::KVGATE_NOT_FOUND,
-        format!(
-            "session {} is not tracked (never seen, finished, or retired)",
-            SessionName(session)
-        ),
-    )
 }
 
 /// Cancels the session's attempt that is waiting for admission (a session
@@ -354,7 +344,7 @@ pub unsafe extern "C" fn kvgate_cancel_session(
         let (handle, session) = unsafe {
             (
                 handles::gate_ref(gate, "gate")?,
-                handles::slice_arg(session_id, session_id_len, "session_id", "session_id_len")?,
+                handles::session_arg(session_id, session_id_len)?,
             )
         };
         if handle.gate.cancel_session(session) {

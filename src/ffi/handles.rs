@@ -161,6 +161,15 @@ pub(crate) unsafe fn slice_arg<'a, T>(
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
+/// The `(session_id, session_id_len)` pair most exports take.
+///
+/// # Safety
+/// As [`slice_arg`].
+pub(crate) unsafe fn session_arg<'a>(ptr: *const u8, len: usize) -> Result<&'a [u8], Failure> {
+    // SAFETY: forwarded (caller).
+    unsafe { slice_arg(ptr, len, "session_id", "session_id_len") }
+}
+
 /// An out-parameter: checked for NULL and alignment, written only on success
 /// (never read, so it may point to uninitialised memory).
 #[derive(Debug)]

@@ -3,7 +3,6 @@
 use std::ffi::c_char;
 
 use super::error::Failure;
-use super::gate::not_tracked;
 use super::handles::{self, kvgate_gate};
 use super::panic::ffi_status;
 use super::status::{kvgate_status, KVGATE_REASON_COUNT};
@@ -213,14 +212,14 @@ pub unsafe extern "C" fn kvgate_get_session_stats(
         let (handle, session, out) = unsafe {
             (
                 handles::gate_ref(gate, "gate")?,
-                handles::slice_arg(session_id, session_id_len, "session_id", "session_id_len")?,
+                handles::session_arg(session_id, session_id_len)?,
                 handles::out_arg(out, "out")?,
             )
         };
         let stats = handle
             .gate
             .session_stats(session)
-            .ok_or_else(|| not_tracked(session))?;
+            .ok_or_else(|| Failure::not_tracked(session))?;
         out.write(kvgate_session_stats::from(&stats));
         Ok(())
     })
