@@ -645,9 +645,10 @@ kvgate_status kvgate_new(const struct kvgate_config *config,
  *
  * # Safety
  * `gate` is NULL or a gate from `kvgate_new` not freed yet. Apart from
- * `kvgate_acquire` calls already in progress, no other call on this gate
- * may be in progress or start once `kvgate_free` has begun (a host bug, as
- * with any C API): the handle is invalid afterwards.
+ * `kvgate_acquire` calls already in progress (and calls their probe
+ * callbacks make), no other call on this gate may be in progress or start
+ * once `kvgate_free` has begun (a host bug, as with any C API): the handle
+ * is invalid afterwards.
  */
 void kvgate_free(struct kvgate_gate *gate);
 

@@ -8,7 +8,7 @@
 
 use std::ffi::{c_void, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Mutex;
 use std::thread;
@@ -38,6 +38,10 @@ struct Engine {
     probe_after_free: AtomicBool,
     /// A gate for the probe to free from inside its own callback.
     free_from_callback: Mutex<Option<usize>>,
+    /// A gate the probe reads stats from after being let go (0: none), and
+    /// the status it got (u32::MAX: not called).
+    nested_stats_gate: AtomicUsize,
+    nested_stats_status: AtomicU32,
 }
 
 impl Engine {
@@ -50,6 +54,8 @@ impl Engine {
             freed: AtomicBool::new(false),
             probe_after_free: AtomicBool::new(false),
             free_from_callback: Mutex::new(None),
+            nested_stats_gate: AtomicUsize::new(0),
+            nested_stats_status: AtomicU32::new(u32::MAX),
         })
     }
 
@@ -92,6 +98,14 @@ unsafe extern "C" fn usage_probe(
         entered.send(()).unwrap();
         go.recv_timeout(PATIENCE)
             .expect("the test never let the probe go");
+        let gate = e.nested_stats_gate.load(Ordering::SeqCst);
+        if gate != 0 {
+            let mut stats = std::mem::MaybeUninit::uninit();
+            // SAFETY: a call made from a probe callback of an acquire in
+            // progress: the header allows it even while kvgate_free runs.
+            let status = unsafe { kvgate_get_stats(gate as *mut kvgate_gate, stats.as_mut_ptr()) };
+            e.nested_stats_status.store(status as u32, Ordering::SeqCst);
+        }
     }
     if let Some(gate) = e.free_from_callback.lock().unwrap().take() {
         // SAFETY: the test handed this gate over to be freed here, once.
@@ -592,6 +606,7 @@ fn free_waits_for_a_probe_in_progress() {
     let (entered_tx, entered_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel();
     *e.hold.lock().unwrap() = Some((entered_tx, go_rx));
+    e.nested_stats_gate.store(gate.0 as usize, Ordering::SeqCst);
     let acquirer = spawn_acquire(gate, "in-probe");
     entered_rx
         .recv_timeout(PATIENCE)
@@ -619,6 +634,11 @@ fn free_waits_for_a_probe_in_progress() {
     // arrives after the close, and admission checks the gate's fate first.
     assert_eq!(result.unwrap_err(), KVGATE_CLOSED);
     assert_eq!(e.usage_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        e.nested_stats_status.load(Ordering::SeqCst),
+        KVGATE_OK as u32,
+        "a probe's own call into the gate works while kvgate_free waits for it"
+    );
 }
 
 #[test]

@@ -258,12 +258,21 @@ static kvgate_session_stats session_stats(kvgate_gate *gate, const char *session
     return s;
 }
 
+/* Polls until n attempts wait; one check, however many polls it takes. */
 static void wait_for_waiting(kvgate_gate *gate, uint64_t n) {
     double start = now_sec();
-    while (stats(gate).waiting_attempts != n) {
-        CHECK(now_sec() - start < PATIENCE_SEC);
+    kvgate_stats s;
+    for (;;) {
+        kvgate_status st = kvgate_get_stats(gate, &s);
+        if (st != KVGATE_OK) {
+            CHECK_STATUS(st, KVGATE_OK); /* exits */
+        }
+        if (s.waiting_attempts == n || now_sec() - start > PATIENCE_SEC) {
+            break;
+        }
         sleep_ms(1);
     }
+    CHECK(s.waiting_attempts == n);
 }
 
 /* An acquire on its own thread. */

@@ -106,9 +106,10 @@ pub unsafe extern "C" fn kvgate_new(
 ///
 /// # Safety
 /// `gate` is NULL or a gate from `kvgate_new` not freed yet. Apart from
-/// `kvgate_acquire` calls already in progress, no other call on this gate
-/// may be in progress or start once `kvgate_free` has begun (a host bug, as
-/// with any C API): the handle is invalid afterwards.
+/// `kvgate_acquire` calls already in progress (and calls their probe
+/// callbacks make), no other call on this gate may be in progress or start
+/// once `kvgate_free` has begun (a host bug, as with any C API): the handle
+/// is invalid afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvgate_free(gate: *mut kvgate_gate) {
     ffi_boundary("kvgate_free", || {
