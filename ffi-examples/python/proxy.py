@@ -87,15 +87,15 @@ class AsyncGate:
         try:
             return await asyncio.shield(attempt)
         except asyncio.CancelledError:
-            # The task was cancelled while its thread waits in kvgate_acquire:
-            # end that attempt, then wait for the thread to come back.
-            self.gate.cancel_session(session)
-            try:
-                lease = await attempt
-            except kg.AdmissionError:
-                pass
-            else:
-                lease.release()  # admitted just before the cancel: give it back
+            # The task was cancelled while its thread is in kvgate_acquire
+            # (waiting, probing, or not even started by the executor yet):
+            # cancel the session's attempt until the thread has come back.
+            # (One outstanding turn per session, as in an agent loop.)
+            while not attempt.done():
+                self.gate.cancel_session(session)
+                await asyncio.wait({attempt}, timeout=0.005)
+            if attempt.exception() is None:
+                attempt.result().release()  # admitted just before the cancel: give it back
             raise
 
 
