@@ -27,4 +27,9 @@ cargo run --example readme
 step "scripts/loom.sh"
 ./scripts/loom.sh
 
+# C ABI: header compiled alone, README C snippet, C (plain, valgrind,
+# ASan/UBSan), C++ and Python hosts. The header drift test is in cargo test.
+step "./scripts/ffi-examples.sh"
+./scripts/ffi-examples.sh
+
 step "all tests passed"

@@ -46,6 +46,7 @@ mod clock;
 mod config;
 pub mod core;
 mod error;
+pub mod ffi;
 mod gate;
 mod lease;
 mod parker;

@@ -1,0 +1,334 @@
+// kvgate.hpp: a header-only C++17 wrapper over the kvgate C ABI (kvgate.h).
+//
+// - kvgate::Gate is a shared handle (copies share one gate, as in Rust);
+//   the gate is freed when the last copy and the last Lease are gone.
+// - kvgate::Lease is move-only and releases its lease in its destructor, so
+//   no code path (early return, exception) leaks an admission. A Lease keeps
+//   its gate alive.
+// - Errors: an admission that did not happen (preempted, timed out,
+//   cancelled, closed) is an ordinary outcome in an agent proxy (retries
+//   preempt older attempts all the time), so Gate::acquire returns an
+//   Acquired result to test, not an exception. Misuse and setup errors
+//   (invalid configuration, invalid arguments, a kvgate panic) throw
+//   kvgate::Error, which carries the status and kvgate_last_error().
+// - Probes are a C++ interface; exceptions thrown by a probe are caught at
+//   the C boundary and count as "unavailable" (nothing unwinds through C).
+//
+// Everything here is inline (the header is included by several translation
+// units of one program). Thread-safety is the C API's: a Gate may be used
+// from any number of threads; a Config or a Lease from one at a time.
+#ifndef KVGATE_HPP
+#define KVGATE_HPP
+
+#include <kvgate.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace kvgate {
+
+/// A failed call that is a bug or a setup error: status and message.
+class Error : public std::runtime_error {
+public:
+    Error(kvgate_status status, const std::string& message)
+        : std::runtime_error(message), status_(status) {}
+    kvgate_status status() const noexcept { return status_; }
+
+private:
+    kvgate_status status_;
+};
+
+namespace detail {
+
+inline void check(kvgate_status status) {
+    if (status != KVGATE_OK) {
+        throw Error(status, std::string(kvgate_status_str(status)) + ": " + kvgate_last_error());
+    }
+}
+
+inline const uint8_t* bytes(std::string_view s) noexcept {
+    return reinterpret_cast<const uint8_t*>(s.data());
+}
+
+}  // namespace detail
+
+/// The name of a status or reason ("preempted", "resident_prefix", ...).
+inline std::string_view to_string(kvgate_status status) noexcept {
+    return kvgate_status_str(status);
+}
+inline std::string_view to_string(kvgate_reason reason) noexcept {
+    return kvgate_reason_str(reason);
+}
+
+/// The configuration builder; setters throw Error on values the gate refuses.
+class Config {
+public:
+    Config() : raw_(kvgate_config_new()) {
+        if (!raw_) {
+            throw std::bad_alloc();
+        }
+    }
+    Config& high_watermark(double v) {
+        detail::check(kvgate_config_set_high_watermark(raw_.get(), v));
+        return *this;
+    }
+    Config& hit_threshold(double v) {
+        detail::check(kvgate_config_set_hit_threshold(raw_.get(), v));
+        return *this;
+    }
+    Config& wait_poll(std::chrono::duration<double> d) {
+        detail::check(kvgate_config_set_wait_poll_sec(raw_.get(), d.count()));
+        return *this;
+    }
+    Config& idle_grace(std::chrono::duration<double> d) {
+        detail::check(kvgate_config_set_idle_grace_sec(raw_.get(), d.count()));
+        return *this;
+    }
+    Config& session_retention(std::chrono::duration<double> d) {
+        detail::check(kvgate_config_set_session_retention_sec(raw_.get(), d.count()));
+        return *this;
+    }
+    const kvgate_config* get() const noexcept { return raw_.get(); }
+
+private:
+    struct Free {
+        void operator()(kvgate_config* c) const noexcept { kvgate_config_free(c); }
+    };
+    std::unique_ptr<kvgate_config, Free> raw_;
+};
+
+/// The engine probes. Called on the acquiring threads, possibly on many at
+/// once, never under a gate lock; std::nullopt (or an exception) means
+/// unavailable.
+class Probes {
+public:
+    virtual ~Probes() = default;
+    virtual std::optional<double> kv_cache_usage(std::string_view session) = 0;
+    virtual std::optional<double> prefix_hit_ratio(std::string_view session,
+                                                   const uint32_t* prompt,
+                                                   size_t prompt_len) = 0;
+};
+
+namespace detail {
+
+inline bool usage_trampoline(void* user_data, const uint8_t* id, size_t id_len,
+                             double* out) noexcept {
+    try {
+        auto* probes = static_cast<Probes*>(user_data);
+        auto answer = probes->kv_cache_usage({reinterpret_cast<const char*>(id), id_len});
+        if (!answer) {
+            return false;
+        }
+        *out = *answer;
+        return true;
+    } catch (...) {
+        return false;  // nothing may unwind into C
+    }
+}
+
+inline bool prefix_trampoline(void* user_data, const uint8_t* id, size_t id_len,
+                              const uint32_t* prompt, size_t prompt_len, double* out) noexcept {
+    try {
+        auto* probes = static_cast<Probes*>(user_data);
+        auto answer = probes->prefix_hit_ratio({reinterpret_cast<const char*>(id), id_len},
+                                               prompt, prompt_len);
+        if (!answer) {
+            return false;
+        }
+        *out = *answer;
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
+
+/// Owns the C gate and the probes it calls. Member order matters: the
+/// gate is freed (after which no probe runs) before the probes are destroyed.
+class GateState {
+public:
+    GateState(const Config& config, std::shared_ptr<Probes> probes) : probes_(std::move(probes)) {
+        kvgate_probes c{nullptr, nullptr, probes_.get()};
+        if (probes_) {
+            c.usage = usage_trampoline;
+            c.prefix = prefix_trampoline;
+        }
+        kvgate_gate* raw = nullptr;
+        check(kvgate_new(config.get(), c, &raw));
+        raw_.reset(raw);
+    }
+    kvgate_gate* get() const noexcept { return raw_.get(); }
+
+private:
+    struct Free {
+        void operator()(kvgate_gate* g) const noexcept { kvgate_free(g); }
+    };
+    std::shared_ptr<Probes> probes_;
+    std::unique_ptr<kvgate_gate, Free> raw_;
+};
+
+}  // namespace detail
+
+/// One admitted turn. Release it as soon as the engine is done (or let the
+/// destructor do it). Move-only; a moved-from Lease holds nothing.
+class Lease {
+public:
+    Lease() noexcept = default;
+    Lease(Lease&& other) noexcept
+        : gate_(std::move(other.gate_)), admission_(other.admission_) {
+        other.admission_.lease = KVGATE_NO_LEASE;
+    }
+    Lease& operator=(Lease&& other) noexcept {
+        if (this != &other) {
+            release();
+            gate_ = std::move(other.gate_);
+            admission_ = other.admission_;
+            other.admission_.lease = KVGATE_NO_LEASE;
+        }
+        return *this;
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { release(); }
+
+    /// Releases now; a no-op for an empty Lease. Returns the C status.
+    kvgate_status release() noexcept {
+        if (admission_.lease == KVGATE_NO_LEASE || !gate_) {
+            return KVGATE_UNKNOWN_LEASE;
+        }
+        kvgate_status status = kvgate_release(gate_->get(), admission_.lease);
+        admission_.lease = KVGATE_NO_LEASE;
+        gate_.reset();
+        return status;
+    }
+
+    explicit operator bool() const noexcept { return admission_.lease != KVGATE_NO_LEASE; }
+    uint64_t handle() const noexcept { return admission_.lease; }
+    const kvgate_admission& admission() const noexcept { return admission_; }
+    kvgate_reason reason() const noexcept { return admission_.reason; }
+
+private:
+    friend class Gate;
+    Lease(std::shared_ptr<detail::GateState> gate, const kvgate_admission& admission) noexcept
+        : gate_(std::move(gate)), admission_(admission) {}
+
+    std::shared_ptr<detail::GateState> gate_;
+    kvgate_admission admission_{KVGATE_NO_LEASE, KVGATE_REASON_OPEN, 0.0, 0.0, 0.0, false, false};
+};
+
+/// What Gate::acquire gives: a lease, or why there is none.
+struct Acquired {
+    kvgate_status status = KVGATE_OK;  // KVGATE_OK, PREEMPTED, TIMED_OUT, CANCELLED or CLOSED
+    Lease lease;                       // holds the lease iff status == KVGATE_OK
+    std::string error;                 // kvgate_last_error() when status != KVGATE_OK
+    explicit operator bool() const noexcept { return status == KVGATE_OK; }
+};
+
+/// The admission gate: a shared, thread-safe handle.
+class Gate {
+public:
+    explicit Gate(const Config& config, std::shared_ptr<Probes> probes = nullptr)
+        : state_(std::make_shared<detail::GateState>(config, std::move(probes))) {}
+
+    /// Blocks until the turn is admitted, or until it is preempted, times
+    /// out (`timeout`; none waits without limit), is cancelled or the gate
+    /// closes. Throws Error only for misuse (or a kvgate panic).
+    Acquired acquire(std::string_view session, const std::vector<uint32_t>& prompt,
+                     std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
+        kvgate_admission admission{};
+        int64_t timeout_ms = timeout ? static_cast<int64_t>(timeout->count()) : -1;
+        if (timeout_ms < 0 && timeout) {
+            timeout_ms = 0;  // a negative duration has passed already
+        }
+        kvgate_status status =
+            kvgate_acquire(state_->get(), detail::bytes(session), session.size(), prompt.data(),
+                           prompt.size(), timeout_ms, &admission);
+        Acquired result;
+        result.status = status;
+        switch (status) {
+        case KVGATE_OK:
+            result.lease = Lease(state_, admission);
+            break;
+        case KVGATE_PREEMPTED:
+        case KVGATE_TIMED_OUT:
+        case KVGATE_CANCELLED:
+        case KVGATE_CLOSED:
+            result.error = kvgate_last_error();
+            break;
+        default:
+            detail::check(status);
+        }
+        return result;
+    }
+
+    /// Ends the session's ownership window; its final figures, or nullopt
+    /// if the session was not tracked.
+    std::optional<kvgate_session_stats> finish_session(std::string_view session) const {
+        return session_call(kvgate_finish_session, session);
+    }
+
+    /// Cancels the session's waiting attempt; whether there was one.
+    bool cancel_session(std::string_view session) const {
+        kvgate_status status =
+            kvgate_cancel_session(state_->get(), detail::bytes(session), session.size());
+        if (status == KVGATE_NOT_FOUND) {
+            return false;
+        }
+        detail::check(status);
+        return true;
+    }
+
+    std::optional<kvgate_session_stats> session_stats(std::string_view session) const {
+        return session_call(kvgate_get_session_stats, session);
+    }
+
+    kvgate_stats stats() const {
+        kvgate_stats out{};
+        detail::check(kvgate_get_stats(state_->get(), &out));
+        return out;
+    }
+
+    /// Prometheus text; sized by the library, retried if it grew meanwhile.
+    std::string metrics_text() const {
+        size_t needed = 0;
+        kvgate_status status = kvgate_metrics_text(state_->get(), nullptr, 0, &needed);
+        std::vector<char> buf;
+        while (status == KVGATE_BUFFER_TOO_SMALL) {
+            buf.resize(needed + 64);
+            status = kvgate_metrics_text(state_->get(), buf.data(), buf.size(), &needed);
+        }
+        detail::check(status);
+        return std::string(buf.data(), needed - 1);
+    }
+
+    /// Attempts in progress return KVGATE_CLOSED; leases stay valid.
+    void close() const { detail::check(kvgate_close(state_->get())); }
+
+private:
+    using SessionFn = kvgate_status (*)(kvgate_gate*, const uint8_t*, size_t,
+                                        kvgate_session_stats*);
+
+    std::optional<kvgate_session_stats> session_call(SessionFn fn,
+                                                     std::string_view session) const {
+        kvgate_session_stats out{};
+        kvgate_status status = fn(state_->get(), detail::bytes(session), session.size(), &out);
+        if (status == KVGATE_NOT_FOUND) {
+            return std::nullopt;
+        }
+        detail::check(status);
+        return out;
+    }
+
+    std::shared_ptr<detail::GateState> state_;
+};
+
+}  // namespace kvgate
+
+#endif  // KVGATE_HPP

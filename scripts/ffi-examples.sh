@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Builds the C ABI (release) and runs every host against it: the header
+# compiled alone as C99 and C++17, the README's C snippet, the C host (plain,
+# under valgrind memcheck, and with ASan+UBSan), the C++ host and the Python
+# proxy. Each host checks what it does and exits non-zero on failure; this
+# script also checks their output. Called by scripts/test.sh; needs cc, c++,
+# make, pkg-config, valgrind and python3 (.ci/run installs them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$(pwd)"
+out="$root/target/ffi-examples"
+mkdir -p "$out"
+
+step() { printf '\n--> %s\n' "$*"; }
+fail() { printf 'ffi-examples: %s\n' "$*" >&2; exit 1; }
+
+for tool in cc c++ make pkg-config valgrind python3; do
+    command -v "$tool" >/dev/null 2>&1 || fail "$tool is missing (.ci/run installs it)"
+done
+
+# Runs a host, keeps its output in $out/<name>.log, and requires every given
+# extended regex to match a line of it.
+run_and_expect() {
+    local name="$1"
+    shift
+    local patterns=()
+    while [[ "$1" != "--" ]]; do
+        patterns+=("$1")
+        shift
+    done
+    shift
+    local log="$out/$name.log"
+    if ! "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        fail "$name failed"
+    fi
+    for pattern in "${patterns[@]}"; do
+        grep -Eq "$pattern" "$log" || { cat "$log" >&2; fail "$name: no line matches /$pattern/"; }
+    done
+    grep -E 'checks passed$' "$log" || tail -n 1 "$log"
+}
+
+step "cargo build --release --lib, pkg-config files"
+cargo build --release --lib
+./scripts/gen-pkgconfig.sh release
+export PKG_CONFIG_PATH="$root/target/release/pkgconfig"
+libdir="$(pkg-config --variable=libdir kvgate)"
+strict_c=(-std=c99 -Wall -Wextra -Wpedantic -Werror)
+strict_cxx=(-std=c++17 -Wall -Wextra -Wpedantic -Werror)
+
+step "include/kvgate.h compiles alone as C99 and as C++17"
+# shellcheck disable=SC2046 # pkg-config output is a list of flags
+echo '#include <kvgate.h>' | cc "${strict_c[@]}" $(pkg-config --cflags kvgate) -x c -c - -o "$out/header-c.o"
+# shellcheck disable=SC2046
+echo '#include <kvgate.h>' | c++ "${strict_cxx[@]}" $(pkg-config --cflags kvgate) -x c++ -c - -o "$out/header-cxx.o"
+echo "ok"
+
+step "README C snippet"
+awk '/<!-- readme-c-snippet/ { marked = 1; next }
+     marked && /^```c$/ { inside = 1; next }
+     inside && /^```$/ { exit }
+     inside { print }' README.md >"$out/readme.c"
+[[ -s "$out/readme.c" ]] || fail "no C snippet found in README.md"
+# shellcheck disable=SC2046
+cc "${strict_c[@]}" $(pkg-config --cflags kvgate) "$out/readme.c" -o "$out/readme" \
+    $(pkg-config --libs kvgate) -Wl,-rpath,"$libdir"
+run_and_expect readme '^admitted: resident_prefix$' '^double release: refused' \
+    '^tool-result turn: reserved_session$' -- "$out/readme"
+
+step "C host (pthreads, libkvgate.so)"
+make -s -C ffi-examples/c OUT="$out/c"
+c_expect=('^open: lease [0-9]+ released once, double release -> unknown_lease$'
+    '^pressure: resident_prefix then reserved_session$'
+    '^retry: older attempt preempted, newer cancelled; num_preempted=1$'
+    '^agents: 6 sessions x 6 turns admitted'
+    '^free: the waiting thread returned closed'
+    '^c host: [0-9]+ checks passed$')
+run_and_expect c-host "${c_expect[@]}" -- "$out/c/host"
+
+step "C host under valgrind memcheck"
+run_and_expect c-host-valgrind "${c_expect[@]}" 'ERROR SUMMARY: 0 errors' \
+    'definitely lost: 0 bytes' 'indirectly lost: 0 bytes' -- \
+    valgrind --tool=memcheck --leak-check=full --show-leak-kinds=all \
+    --errors-for-leak-kinds=all --suppressions=ffi-examples/c/valgrind.supp \
+    --error-exitcode=1 "$out/c/host"
+grep -E 'lost:|still reachable:|suppressed:|ERROR SUMMARY' "$out/c-host-valgrind.log" | sed 's/^==[0-9]*== *//'
+
+step "C host with -fsanitize=address,undefined (libkvgate.a)"
+nm "$out/c/host-asan" >"$out/c/host-asan.nm"
+grep -q __asan_init "$out/c/host-asan.nm" || fail "host-asan is not instrumented"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_and_expect c-host-asan "${c_expect[@]}" -- "$out/c/host-asan"
+
+step "C++ host (kvgate.hpp, std::thread)"
+make -s -C ffi-examples/cpp OUT="$out/cpp"
+run_and_expect cpp-host '^raii: lease [0-9]+ resident_prefix \(retains\)$' \
+    '^threads: older preempted, newer cancelled, waiter after close closed$' \
+    '^cpp host: [0-9]+ checks passed$' -- "$out/cpp/host"
+
+step "Python proxy (ctypes, asyncio)"
+run_and_expect python-proxy '^binding: layouts match the header' \
+    '^wait: heartbeat ticked [0-9]+ times while a turn waited$' \
+    '^free: the waiting turn returned Closed$' '^python proxy: [0-9]+ checks passed$' -- \
+    env PYTHONDONTWRITEBYTECODE=1 python3 ffi-examples/python/proxy.py --lib "$libdir/libkvgate.so"
+
+step "ffi examples passed"

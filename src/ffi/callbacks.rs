@@ -1,0 +1,159 @@
+//! The host's probes, given as C function pointers and a `void *user_data`,
+//! seen by the gate as a [`Probe`].
+
+use std::ffi::c_void;
+
+use crate::Probe;
+
+/// The usage probe (NULL: always unavailable). Asks the engine for its
+/// KV-cache usage as seen by the replica serving a session: writes a
+/// fraction in [0, 1] to `*out_usage` and returns true, or returns false
+/// when the answer is unavailable.
+///
+/// `session_id` points to `session_id_len` bytes (not NUL-terminated) valid
+/// only during the call. Called on the thread inside `kvgate_acquire`,
+/// possibly on many threads at once, never while the gate holds a lock (so
+/// it may call back into the gate). An answer that is NaN, infinite,
+/// negative or above 1 counts as unavailable. Must not unwind (no C++
+/// exception may escape it) or `longjmp` out.
+pub type kvgate_usage_fn = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        session_id: *const u8,
+        session_id_len: usize,
+        out_usage: *mut f64,
+    ) -> bool,
+>;
+
+/// The prefix probe (NULL: always unavailable). Asks the engine which
+/// fraction of a prompt is resident in its prefix cache (longest cached
+/// prefix / prompt length): writes it to `*out_hit_ratio` and returns true,
+/// or returns false when unavailable.
+///
+/// `prompt_ids` points to `prompt_len` token ids, valid only during the
+/// call (it may be a dangling non-NULL pointer when `prompt_len` is 0).
+/// Threading, re-entrancy and answer rules are those of `kvgate_usage_fn`.
+pub type kvgate_prefix_fn = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        session_id: *const u8,
+        session_id_len: usize,
+        prompt_ids: *const u32,
+        prompt_len: usize,
+        out_hit_ratio: *mut f64,
+    ) -> bool,
+>;
+
+/// The host's two probes, passed by value to `kvgate_new`.
+///
+/// A NULL function pointer means that probe is always unavailable (both
+/// NULL: every turn is admitted `KVGATE_REASON_OPEN`). `user_data` is
+/// passed, unchanged, as the first argument of every call; the library never
+/// reads, frees or copies what it points to. It must stay valid, and be safe
+/// to use from several threads at once, until `kvgate_free` on the gate has
+/// returned: after that no probe is called again.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvgate_probes {
+    /// The usage probe, or NULL.
+    pub usage: kvgate_usage_fn,
+    /// The prefix probe, or NULL.
+    pub prefix: kvgate_prefix_fn,
+    /// Passed to both probes; may be NULL.
+    pub user_data: *mut c_void,
+}
+
+/// [`kvgate_probes`] as a [`Probe`] the gate can call from any thread.
+#[derive(Debug)]
+pub(crate) struct CProbes(kvgate_probes);
+
+impl CProbes {
+    pub(crate) fn new(probes: kvgate_probes) -> Self {
+        Self(probes)
+    }
+}
+
+// SAFETY: the pointers are only passed back to the host's functions, which
+// the header requires to be callable from any thread at once with this
+// `user_data` until `kvgate_free` returns (and `kvgate_free` waits for every
+// call in progress). Rust never dereferences `user_data`.
+unsafe impl Send for CProbes {}
+// SAFETY: as for `Send`: `&CProbes` only hands the pointers to those functions.
+unsafe impl Sync for CProbes {}
+
+impl Probe for CProbes {
+    fn kv_cache_usage(&self, session: &[u8]) -> Option<f64> {
+        let usage = self.0.usage?;
+        // Written NaN first: a probe that says true but writes nothing is invalid.
+        let mut out = f64::NAN;
+        // SAFETY: the host's function with its own `user_data`, a session
+        // slice valid for the call and a writable `f64` (the header's contract).
+        let ok = unsafe { usage(self.0.user_data, session.as_ptr(), session.len(), &mut out) };
+        ok.then_some(out) // NaN or out of [0, 1]: the core counts it as invalid
+    }
+
+    fn prefix_hit_ratio(&self, session: &[u8], prompt: &[u32]) -> Option<f64> {
+        let prefix = self.0.prefix?;
+        let mut out = f64::NAN;
+        // SAFETY: as in `kv_cache_usage`, plus a prompt slice valid for the call.
+        let ok = unsafe {
+            prefix(
+                self.0.user_data,
+                session.as_ptr(),
+                session.len(),
+                prompt.as_ptr(),
+                prompt.len(),
+                &mut out,
+            )
+        };
+        ok.then_some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    unsafe extern "C" fn usage_from_user_data(
+        user_data: *mut c_void,
+        _session: *const u8,
+        len: usize,
+        out: *mut f64,
+    ) -> bool {
+        // SAFETY: the test passes a live f64 as user_data and the gate a writable out.
+        unsafe {
+            *out = *user_data.cast::<f64>() + len as f64;
+        }
+        true
+    }
+
+    unsafe extern "C" fn prefix_says_true_writes_nothing(
+        _user_data: *mut c_void,
+        _session: *const u8,
+        _len: usize,
+        _prompt: *const u32,
+        _prompt_len: usize,
+        _out: *mut f64,
+    ) -> bool {
+        true
+    }
+
+    #[test]
+    fn answers_reach_the_gate_and_silence_is_nan() {
+        let mut base = 0.25f64;
+        let probes = CProbes::new(kvgate_probes {
+            usage: Some(usage_from_user_data),
+            prefix: Some(prefix_says_true_writes_nothing),
+            user_data: (&mut base as *mut f64).cast(),
+        });
+        assert_eq!(probes.kv_cache_usage(b"ab"), Some(2.25));
+        assert!(probes.prefix_hit_ratio(b"ab", &[1, 2]).unwrap().is_nan());
+        let none = CProbes::new(kvgate_probes {
+            usage: None,
+            prefix: None,
+            user_data: std::ptr::null_mut(),
+        });
+        assert_eq!(none.kv_cache_usage(b"x"), None);
+        assert_eq!(none.prefix_hit_ratio(b"x", &[]), None);
+    }
+}

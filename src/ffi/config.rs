@@ -1,0 +1,263 @@
+//! The configuration builder: fields are set one by one, so new knobs can be
+//! added without changing a struct a host compiled against.
+//!
+//! Validation is the Rust `Config`'s own (`Config::validate`,
+//! `Config::duration_from_secs`): a setter applies the value to a copy,
+//! validates the copy, and keeps it only if it is valid.
+
+use super::error::Failure;
+use super::handles::{self, kvgate_config};
+use super::panic::{ffi_boundary, ffi_status};
+use super::status::kvgate_status;
+use crate::Config;
+
+/// A new configuration builder holding the reference defaults:
+/// high_watermark 0.85, hit_threshold 0.80, wait_poll_sec 5,
+/// idle_grace_sec 60, session_retention_sec 600.
+///
+/// The caller owns the builder and frees it with `kvgate_config_free` (it
+/// may be freed right after `kvgate_new`, which copies it). Returns NULL
+/// only if kvgate panicked.
+#[unsafe(no_mangle)]
+pub extern "C" fn kvgate_config_new() -> *mut kvgate_config {
+    ffi_boundary("kvgate_config_new", || {
+        handles::config_into_raw(Config::default())
+    })
+}
+
+/// Frees a builder made by `kvgate_config_new`. NULL is a no-op.
+///
+/// # Safety
+/// `config` is NULL or a builder not freed yet; it is not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_config_free(config: *mut kvgate_config) {
+    ffi_boundary("kvgate_config_free", || {
+        // SAFETY: NULL or a live builder handed back once (caller).
+        unsafe { handles::config_free(config) }
+    })
+}
+
+/// Applies `change` to a copy of the builder's config and keeps the copy if
+/// it is valid; otherwise the builder is unchanged.
+///
+/// # Safety
+/// `config` is NULL or a live builder not used by another thread meanwhile.
+unsafe fn set(
+    function: &'static str,
+    config: *mut kvgate_config,
+    change: impl FnOnce(&mut Config) -> Result<(), crate::ConfigError>,
+) -> kvgate_status {
+    ffi_status(function, || {
+        // SAFETY: forwarded (caller).
+        let config = unsafe { handles::config_mut(config, "config") }?;
+        let mut candidate = config.clone();
+        change(&mut candidate).map_err(Failure::from)?;
+        candidate.validate().map_err(Failure::from)?;
+        *config = candidate;
+        Ok(())
+    })
+}
+
+/// Sets the KV-cache usage (0 to 1 inclusive) at or above which the gate is
+/// under pressure. Default 0.85.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` (builder unchanged) for NULL `config`,
+/// NaN, infinities and values outside [0, 1].
+///
+/// # Safety
+/// `config` is NULL or a live builder not used by another thread meanwhile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_config_set_high_watermark(
+    config: *mut kvgate_config,
+    value: f64,
+) -> kvgate_status {
+    // SAFETY: forwarded (caller).
+    unsafe {
+        set("kvgate_config_set_high_watermark", config, |c| {
+            c.high_watermark = value;
+            Ok(())
+        })
+    }
+}
+
+/// Sets the prefix hit ratio (0 to 1 inclusive) at or above which a prompt
+/// counts as resident under pressure. Default 0.80.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` (builder unchanged) for NULL `config`,
+/// NaN, infinities and values outside [0, 1].
+///
+/// # Safety
+/// `config` is NULL or a live builder not used by another thread meanwhile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_config_set_hit_threshold(
+    config: *mut kvgate_config,
+    value: f64,
+) -> kvgate_status {
+    // SAFETY: forwarded (caller).
+    unsafe {
+        set("kvgate_config_set_hit_threshold", config, |c| {
+            c.hit_threshold = value;
+            Ok(())
+        })
+    }
+}
+
+/// Sets the longest a waiting attempt sleeps before probing again when
+/// nobody wakes it, in seconds. Default 5. Values below 5 are honoured, not
+/// clamped.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` (builder unchanged) for NULL `config`,
+/// zero, negatives, NaN, infinities and more than 100 years.
+///
+/// # Safety
+/// `config` is NULL or a live builder not used by another thread meanwhile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_config_set_wait_poll_sec(
+    config: *mut kvgate_config,
+    seconds: f64,
+) -> kvgate_status {
+    // SAFETY: forwarded (caller).
+    unsafe {
+        set("kvgate_config_set_wait_poll_sec", config, |c| {
+            c.wait_poll = Config::duration_from_secs("wait_poll", seconds)?;
+            Ok(())
+        })
+    }
+}
+
+/// Sets how long a session keeps its reservation after its last retaining
+/// lease is released (the ownership window), in seconds. Default 60; 0
+/// means no window.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` (builder unchanged) for NULL `config`,
+/// negatives, NaN, infinities and more than 100 years.
+///
+/// # Safety
+/// `config` is NULL or a live builder not used by another thread meanwhile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_config_set_idle_grace_sec(
+    config: *mut kvgate_config,
+    seconds: f64,
+) -> kvgate_status {
+    // SAFETY: forwarded (caller).
+    unsafe {
+        set("kvgate_config_set_idle_grace_sec", config, |c| {
+            c.idle_grace = Config::duration_from_secs("idle_grace", seconds)?;
+            Ok(())
+        })
+    }
+}
+
+/// Sets how long an idle session's record (its statistics) is kept when the
+/// host never calls `kvgate_finish_session`, in seconds. Default 600.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` (builder unchanged) for NULL `config`,
+/// negatives, NaN, infinities and more than 100 years.
+///
+/// # Safety
+/// `config` is NULL or a live builder not used by another thread meanwhile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_config_set_session_retention_sec(
+    config: *mut kvgate_config,
+    seconds: f64,
+) -> kvgate_status {
+    // SAFETY: forwarded (caller).
+    unsafe {
+        set("kvgate_config_set_session_retention_sec", config, |c| {
+            c.session_retention = Config::duration_from_secs("session_retention", seconds)?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::error::last_error_string;
+    use super::*;
+    use std::time::Duration;
+
+    fn with_builder(f: impl FnOnce(*mut kvgate_config, &dyn Fn() -> Config)) {
+        let raw = kvgate_config_new();
+        assert!(!raw.is_null());
+        // SAFETY: `raw` is live until freed below, used by this thread only.
+        let read = || {
+            unsafe { handles::config_ref(raw, "config") }
+                .unwrap()
+                .clone()
+        };
+        f(raw, &read);
+        // SAFETY: freed once.
+        unsafe { kvgate_config_free(raw) };
+    }
+
+    #[test]
+    fn starts_from_the_reference_defaults_and_accepts_good_values() {
+        with_builder(|raw, read| {
+            assert_eq!(read(), Config::default());
+            // SAFETY: a live builder.
+            unsafe {
+                assert_eq!(
+                    kvgate_config_set_high_watermark(raw, 0.5),
+                    kvgate_status::KVGATE_OK
+                );
+                assert_eq!(
+                    kvgate_config_set_hit_threshold(raw, 1.0),
+                    kvgate_status::KVGATE_OK
+                );
+                assert_eq!(
+                    kvgate_config_set_wait_poll_sec(raw, 0.25),
+                    kvgate_status::KVGATE_OK
+                );
+                assert_eq!(
+                    kvgate_config_set_idle_grace_sec(raw, 0.0),
+                    kvgate_status::KVGATE_OK
+                );
+                assert_eq!(
+                    kvgate_config_set_session_retention_sec(raw, 30.0),
+                    kvgate_status::KVGATE_OK
+                );
+            }
+            let c = read();
+            assert_eq!(c.high_watermark, 0.5);
+            assert_eq!(c.hit_threshold, 1.0);
+            assert_eq!(c.wait_poll, Duration::from_millis(250));
+            assert_eq!(c.idle_grace, Duration::ZERO);
+            assert_eq!(c.session_retention, Duration::from_secs(30));
+        });
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_config_error_and_change_nothing() {
+        with_builder(|raw, read| {
+            // SAFETY: a live builder.
+            unsafe {
+                let s = kvgate_config_set_high_watermark(raw, f64::NAN);
+                assert_eq!(s, kvgate_status::KVGATE_INVALID_ARGUMENT);
+                assert_eq!(
+                    last_error_string().unwrap(),
+                    "kvgate_config_set_high_watermark: invalid high_watermark: NaN \
+                     (expected a finite number between 0 and 1 inclusive)"
+                );
+                let s = kvgate_config_set_hit_threshold(raw, 1.5);
+                assert_eq!(s, kvgate_status::KVGATE_INVALID_ARGUMENT);
+                let s = kvgate_config_set_wait_poll_sec(raw, 0.0);
+                assert_eq!(s, kvgate_status::KVGATE_INVALID_ARGUMENT);
+                assert!(last_error_string().unwrap().contains("invalid wait_poll"));
+                let s = kvgate_config_set_idle_grace_sec(raw, -1.0);
+                assert_eq!(s, kvgate_status::KVGATE_INVALID_ARGUMENT);
+                assert!(last_error_string()
+                    .unwrap()
+                    .contains("invalid idle_grace: -1"));
+                let s = kvgate_config_set_session_retention_sec(raw, f64::INFINITY);
+                assert_eq!(s, kvgate_status::KVGATE_INVALID_ARGUMENT);
+                let s = kvgate_config_set_high_watermark(std::ptr::null_mut(), 0.5);
+                assert_eq!(s, kvgate_status::KVGATE_INVALID_ARGUMENT);
+                assert_eq!(
+                    last_error_string().unwrap(),
+                    "kvgate_config_set_high_watermark: config is NULL"
+                );
+            }
+            assert_eq!(read(), Config::default());
+        });
+    }
+}

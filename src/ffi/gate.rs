@@ -1,0 +1,363 @@
+//! The gate's life and its admissions: `kvgate_new` to `kvgate_free`,
+//! `kvgate_acquire` / `kvgate_release`, finishing and cancelling sessions.
+
+use std::time::Duration;
+
+use super::callbacks::{kvgate_probes, CProbes};
+use super::error::{Failure, SessionName};
+use super::gate_handle::GateHandle;
+use super::handles::{self, kvgate_config, kvgate_gate};
+use super::panic::{ffi_boundary, ffi_status};
+use super::stats::kvgate_session_stats;
+use super::status::{kvgate_reason, kvgate_status};
+use crate::core::Admission;
+use crate::sync::Arc;
+use crate::{AcquireError, Gate};
+
+/// A lease handle no admission ever has: lease handles start above 0, so 0
+/// can mark "no lease" in host data structures.
+pub const KVGATE_NO_LEASE: u64 = 0;
+
+/// What `kvgate_acquire` admitted.
+///
+/// This struct never changes layout: new figures come with new functions.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct kvgate_admission {
+    /// The lease handle: pass it to `kvgate_release` exactly once when the
+    /// engine is done with the turn. Unique within the gate, never reused,
+    /// never `KVGATE_NO_LEASE`.
+    pub lease: u64,
+    /// Which row of the decision table admitted the turn.
+    pub reason: kvgate_reason,
+    /// Seconds from the start of `kvgate_acquire` to the admission.
+    pub wait_sec: f64,
+    /// The usage probe's answer on the deciding pass; NaN when unavailable.
+    pub usage: f64,
+    /// The prefix probe's answer on the deciding pass; NaN when it was not
+    /// asked (usage below the watermark, or a reserved session) or was
+    /// unavailable. Never carried over from an earlier pass.
+    pub hit_ratio: f64,
+    /// Whether the lease holds the session's reservation (its ownership
+    /// window): true for `KVGATE_REASON_RESERVED_SESSION` and
+    /// `KVGATE_REASON_RESIDENT_PREFIX`.
+    pub retain_session: bool,
+    /// Whether the attempt slept at least once before it was admitted.
+    pub waited: bool,
+}
+
+impl From<&Admission> for kvgate_admission {
+    fn from(a: &Admission) -> Self {
+        Self {
+            lease: a.lease_id,
+            reason: a.reason.into(),
+            wait_sec: a.wait.as_secs_f64(),
+            usage: a.usage.unwrap_or(f64::NAN),
+            hit_ratio: a.hit_ratio.unwrap_or(f64::NAN),
+            retain_session: a.retain_session,
+            waited: a.waited,
+        }
+    }
+}
+
+/// Creates a gate with the builder's configuration and the host's probes.
+///
+/// `config` is copied, not consumed: free it when convenient. On
+/// `KVGATE_OK`, `*out` is a new gate that the caller owns and must free
+/// once with `kvgate_free`. The library spawns no thread: probes run on the
+/// threads that call `kvgate_acquire`. See `kvgate_probes` for what the
+/// probes and `user_data` must guarantee.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `config` or `out`.
+///
+/// # Safety
+/// `config` is NULL or a live builder not being changed meanwhile; `out`
+/// is NULL or writable; the probes obey `kvgate_probes`' contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_new(
+    config: *const kvgate_config,
+    probes: kvgate_probes,
+    out: *mut *mut kvgate_gate,
+) -> kvgate_status {
+    ffi_status("kvgate_new", || {
+        // SAFETY: pointer contracts forwarded (caller).
+        let config = unsafe { handles::config_ref(config, "config") }?;
+        // SAFETY: as above.
+        let out = unsafe { handles::out_arg(out, "out") }?;
+        let gate = Gate::new(config.clone(), CProbes::new(probes)).map_err(Failure::from)?;
+        out.write(handles::gate_into_raw(Arc::new(GateHandle::new(gate))));
+        Ok(())
+    })
+}
+
+/// Closes the gate and frees it. NULL is a no-op.
+///
+/// Safe while leases are outstanding and while other threads are blocked in
+/// `kvgate_acquire` on this gate: those wake and return `KVGATE_CLOSED`.
+/// `kvgate_free` returns only after every `kvgate_acquire` in progress on
+/// other threads has returned (an attempt inside a probe callback finishes
+/// that callback first), so afterwards no probe is called again and
+/// `user_data` may be freed. Every lease still outstanding is released; its
+/// handle becomes invalid.
+///
+/// Called from inside a probe callback of this gate, it does not wait for
+/// the calling thread's own `kvgate_acquire`, which returns
+/// `KVGATE_CLOSED` once the callback returns.
+///
+/// # Safety
+/// `gate` is NULL or a gate from `kvgate_new` not freed yet. Apart from
+/// `kvgate_acquire` calls already in progress (and calls their probe
+/// callbacks make), no other call on this gate may be in progress or start
+/// once `kvgate_free` has begun (a host bug, as with any C API): the handle
+/// is invalid afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_free(gate: *mut kvgate_gate) {
+    ffi_boundary("kvgate_free", || {
+        // SAFETY: NULL or the host's reference, handed back once (caller).
+        let Some(handle) = (unsafe { handles::gate_take(gate) }) else {
+            return;
+        };
+        handle.shut_down(gate as usize);
+        // A woken acquire on its way out may still hold a reference; the
+        // memory goes with the last one.
+        drop(handle);
+    })
+}
+
+/// Closes the gate without freeing it: attempts in progress (waiting or
+/// about to wait) return `KVGATE_CLOSED` and new `kvgate_acquire` calls are
+/// refused with `KVGATE_CLOSED`. Leases already granted stay valid and must
+/// still be released. Idempotent. Thread-safe.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `gate`.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_close(gate: *mut kvgate_gate) -> kvgate_status {
+    ffi_status("kvgate_close", || {
+        // SAFETY: forwarded (caller).
+        unsafe { handles::gate_ref(gate, "gate") }?.gate.close();
+        Ok(())
+    })
+}
+
+/// Blocks until the turn of session `session_id` carrying `prompt_ids` is
+/// admitted, then writes the admission (with its lease handle) to `*out`.
+///
+/// `session_id` is `session_id_len` arbitrary bytes (not NUL-terminated);
+/// NULL is allowed when the length is 0. `prompt_ids` likewise (the prompt's
+/// token ids, passed to the prefix probe). Both are only read during the call.
+///
+/// `timeout_ms < 0` waits without limit; `0` makes one pass through the
+/// decision table and fails with `KVGATE_TIMED_OUT` instead of waiting;
+/// `> 0` gives up after that many milliseconds. A probe answer that admits
+/// is honoured even if it arrives after the deadline.
+///
+/// Returns `KVGATE_OK` with `*out` written, or (nothing written):
+/// `KVGATE_PREEMPTED` (a newer `kvgate_acquire` of the same session began),
+/// `KVGATE_TIMED_OUT`, `KVGATE_CANCELLED` (`kvgate_cancel_session`),
+/// `KVGATE_CLOSED` (`kvgate_close` or `kvgate_free`), or
+/// `KVGATE_INVALID_ARGUMENT` (NULL `gate` or `out`, NULL array with a
+/// non-zero length, misaligned `prompt_ids`), checked before anything else.
+///
+/// Thread-safe; blocks the calling thread, which also runs the probes.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`); non-NULL arrays hold
+/// their stated number of elements; `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_acquire(
+    gate: *mut kvgate_gate,
+    session_id: *const u8,
+    session_id_len: usize,
+    prompt_ids: *const u32,
+    prompt_len: usize,
+    timeout_ms: i64,
+    out: *mut kvgate_admission,
+) -> kvgate_status {
+    ffi_status("kvgate_acquire", || {
+        // Taken as a counted reference: `kvgate_free` may begin while this
+        // call sleeps, and the memory must outlive the call.
+        // SAFETY: pointer contracts forwarded (caller).
+        let handle = unsafe { handles::gate_clone(gate, "gate") }?;
+        // SAFETY: as above.
+        let (session, prompt, out) = unsafe {
+            (
+                handles::session_arg(session_id, session_id_len)?,
+                handles::slice_arg(prompt_ids, prompt_len, "prompt_ids", "prompt_len")?,
+                handles::out_arg(out, "out")?,
+            )
+        };
+        out.write(acquire(
+            &handle,
+            gate as usize,
+            session,
+            prompt,
+            timeout_ms,
+        )?);
+        Ok(())
+    })
+}
+
+fn acquire(
+    handle: &GateHandle,
+    key: usize,
+    session: &[u8],
+    prompt: &[u32],
+    timeout_ms: i64,
+) -> Result<kvgate_admission, Failure> {
+    let _call = handle.enter_acquire(key);
+    let result = match u64::try_from(timeout_ms) {
+        Err(_) => handle.gate.acquire(session, prompt),
+        Ok(ms) => handle
+            .gate
+            .acquire_timeout(session, prompt, Duration::from_millis(ms)),
+    };
+    let lease = result.map_err(|err| acquire_failure(err, session, timeout_ms))?;
+    let admission = kvgate_admission::from(lease.admission());
+    debug_assert_ne!(admission.lease, KVGATE_NO_LEASE);
+    handle
+        .leases
+        .insert(admission.lease, lease)
+        .map_err(|lease| {
+            drop(lease); // released: nobody could ever release it again
+            Failure::new(
+                kvgate_status::KVGATE_CLOSED,
+                format!(
+                    "the gate was freed while session {} was being admitted",
+                    SessionName(session)
+                ),
+            )
+        })?;
+    Ok(admission)
+}
+
+fn acquire_failure(err: AcquireError, session: &[u8], timeout_ms: i64) -> Failure {
+    let session = SessionName(session);
+    let message = match err {
+        AcquireError::Preempted => {
+            format!("session {session}: preempted by a newer attempt of the same session")
+        }
+        AcquireError::TimedOut => {
+            format!("session {session}: not admitted within timeout_ms = {timeout_ms}")
+        }
+        AcquireError::Cancelled => {
+            format!("session {session}: cancelled by kvgate_cancel_session")
+        }
+        AcquireError::Closed => format!("session {session}: the gate is closed"),
+    };
+    Failure::new(err.into(), message)
+}
+
+/// Releases a lease: the session's reservation (if the lease retained it)
+/// turns into its idle grace window and a waiting attempt is woken. Call it
+/// as soon as the engine is done with the turn (or failed), exactly once per
+/// lease. Leases stay valid after `kvgate_close`.
+///
+/// Returns `KVGATE_UNKNOWN_LEASE` for a handle that is not outstanding
+/// (already released, `KVGATE_NO_LEASE`, never issued by this gate):
+/// nothing happens, so a double release is harmless. Returns
+/// `KVGATE_INVALID_ARGUMENT` for a NULL `gate`. Thread-safe: a lease may be
+/// released on another thread than the one that acquired it.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_release(gate: *mut kvgate_gate, lease: u64) -> kvgate_status {
+    ffi_status("kvgate_release", || {
+        // SAFETY: forwarded (caller).
+        let handle = unsafe { handles::gate_ref(gate, "gate") }?;
+        let lease = handle.leases.remove(lease).ok_or_else(|| {
+            Failure::new(
+                kvgate_status::KVGATE_UNKNOWN_LEASE,
+                format!(
+                    "lease {lease} is not outstanding (already released, \
+                     or never issued by this gate)"
+                ),
+            )
+        })?;
+        drop(lease); // releases it to the gate, outside the registry's lock
+        Ok(())
+    })
+}
+
+/// Ends the session's ownership window (its reservation), wakes a waiting
+/// attempt, and forgets the session once it holds no lease and no attempt.
+/// An attempt of the session that is still waiting is not cancelled (see
+/// `kvgate_cancel_session`).
+///
+/// If `out_final` is not NULL, the session's final figures are written to it
+/// (taken atomically with the finish). Returns `KVGATE_NOT_FOUND` if the
+/// session is not tracked (never seen, already finished, or retired).
+/// Thread-safe.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
+/// `session_id_len` bytes if not NULL; `out_final` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_finish_session(
+    gate: *mut kvgate_gate,
+    session_id: *const u8,
+    session_id_len: usize,
+    out_final: *mut kvgate_session_stats,
+) -> kvgate_status {
+    ffi_status("kvgate_finish_session", || {
+        // SAFETY: pointer contracts forwarded (caller).
+        let (handle, session, out) = unsafe {
+            (
+                handles::gate_ref(gate, "gate")?,
+                handles::session_arg(session_id, session_id_len)?,
+                handles::optional_out_arg(out_final, "out_final")?,
+            )
+        };
+        let last = handle
+            .gate
+            .finish_session(session)
+            .ok_or_else(|| Failure::not_tracked(session))?;
+        if let Some(out) = out {
+            out.write(kvgate_session_stats::from(&last));
+        }
+        Ok(())
+    })
+}
+
+/// Cancels the session's attempt that is waiting for admission (a session
+/// has at most one): its `kvgate_acquire` returns `KVGATE_CANCELLED`
+/// promptly. Use it when the host gives up on a turn (e.g. the client
+/// disconnected).
+///
+/// Returns `KVGATE_NOT_FOUND` if no attempt of the session is waiting
+/// (it may just have been admitted: release that lease as usual).
+/// Thread-safe.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
+/// `session_id_len` bytes if not NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_cancel_session(
+    gate: *mut kvgate_gate,
+    session_id: *const u8,
+    session_id_len: usize,
+) -> kvgate_status {
+    ffi_status("kvgate_cancel_session", || {
+        // SAFETY: pointer contracts forwarded (caller).
+        let (handle, session) = unsafe {
+            (
+                handles::gate_ref(gate, "gate")?,
+                handles::session_arg(session_id, session_id_len)?,
+            )
+        };
+        if handle.gate.cancel_session(session) {
+            Ok(())
+        } else {
+            Err(Failure::new(
+                kvgate_status::KVGATE_NOT_FOUND,
+                format!(
+                    "session {} has no attempt waiting for admission",
+                    SessionName(session)
+                ),
+            ))
+        }
+    })
+}

@@ -1,0 +1,320 @@
+//! Every conversion between a raw pointer from C and a Rust value lives here,
+//! so each handle type is converted one way only: `kvgate_config *` is a
+//! `Box<Config>`, `kvgate_gate *` an `Arc<GateHandle>`. Every function checks
+//! for NULL (and alignment and size, for arrays) before touching memory and
+//! says which argument was wrong.
+
+use std::mem::{align_of, size_of, MaybeUninit};
+
+use super::error::Failure;
+use super::gate_handle::GateHandle;
+use crate::sync::Arc;
+use crate::Config;
+
+/// A configuration under construction (opaque; a `Box` of the Rust `Config`).
+///
+/// Made by `kvgate_config_new`, changed by the `kvgate_config_set_*`
+/// functions, read (not consumed) by `kvgate_new`, freed by
+/// `kvgate_config_free`. Not thread-safe: do not use one builder from two
+/// threads at once.
+#[derive(Debug)]
+pub struct kvgate_config {
+    _private: [u8; 0],
+}
+
+/// An admission gate (opaque; an `Arc` of the gate and its lease registry).
+///
+/// Made by `kvgate_new`, freed once by `kvgate_free`. Thread-safe: every
+/// function except `kvgate_free` may be called on one gate from any number
+/// of threads at once.
+#[derive(Debug)]
+pub struct kvgate_gate {
+    _private: [u8; 0],
+}
+
+/// The argument name, for messages.
+type Arg = &'static str;
+
+pub(crate) fn config_into_raw(config: Config) -> *mut kvgate_config {
+    Box::into_raw(Box::new(config)).cast()
+}
+
+/// # Safety
+/// `ptr` is NULL or came from [`config_into_raw`] and was not freed, and no
+/// other thread uses it for `'a`.
+pub(crate) unsafe fn config_mut<'a>(
+    ptr: *mut kvgate_config,
+    arg: Arg,
+) -> Result<&'a mut Config, Failure> {
+    // SAFETY: non-NULL pointers are live `Box<Config>`s used by this thread only (caller).
+    unsafe { ptr.cast::<Config>().as_mut() }.ok_or_else(|| null(arg))
+}
+
+/// # Safety
+/// `ptr` is NULL or came from [`config_into_raw`] and was not freed, and no
+/// thread changes it for `'a`.
+pub(crate) unsafe fn config_ref<'a>(
+    ptr: *const kvgate_config,
+    arg: Arg,
+) -> Result<&'a Config, Failure> {
+    // SAFETY: non-NULL pointers are live `Box<Config>`s not changed meanwhile (caller).
+    unsafe { ptr.cast::<Config>().as_ref() }.ok_or_else(|| null(arg))
+}
+
+/// Frees a builder; NULL is a no-op.
+///
+/// # Safety
+/// `ptr` is NULL or came from [`config_into_raw`] and was not freed yet, and
+/// nobody uses it any more.
+pub(crate) unsafe fn config_free(ptr: *mut kvgate_config) {
+    if !ptr.is_null() {
+        // SAFETY: a live `Box<Config>` handed back exactly once (caller).
+        drop(unsafe { Box::from_raw(ptr.cast::<Config>()) });
+    }
+}
+
+pub(crate) fn gate_into_raw(handle: Arc<GateHandle>) -> *mut kvgate_gate {
+    Arc::into_raw(handle).cast_mut().cast()
+}
+
+/// Borrows the handle for the duration of a call.
+///
+/// # Safety
+/// `ptr` is NULL or came from [`gate_into_raw`] and `kvgate_free` is not
+/// called on it during `'a` (the header's rule: free must not race with
+/// another call on the same gate, except blocked `kvgate_acquire` calls,
+/// which hold their own reference through [`gate_clone`]).
+pub(crate) unsafe fn gate_ref<'a>(
+    ptr: *mut kvgate_gate,
+    arg: Arg,
+) -> Result<&'a GateHandle, Failure> {
+    // SAFETY: non-NULL pointers are live `Arc<GateHandle>` payloads (caller).
+    unsafe { ptr.cast_const().cast::<GateHandle>().as_ref() }.ok_or_else(|| null(arg))
+}
+
+/// A counted reference to the handle, for calls that may still run after
+/// `kvgate_free` began (blocking acquires): the memory stays alive until
+/// the reference is dropped.
+///
+/// # Safety
+/// As [`gate_ref`], at the moment of the call.
+pub(crate) unsafe fn gate_clone(
+    ptr: *mut kvgate_gate,
+    arg: Arg,
+) -> Result<Arc<GateHandle>, Failure> {
+    if ptr.is_null() {
+        return Err(null(arg));
+    }
+    let ptr = ptr.cast_const().cast::<GateHandle>();
+    // SAFETY: `ptr` came from `Arc::into_raw` and that reference is still held
+    // by the host (caller), so the count is at least one while we add ours.
+    unsafe {
+        Arc::increment_strong_count(ptr);
+        Ok(Arc::from_raw(ptr))
+    }
+}
+
+/// Takes back the host's reference; NULL gives `None`.
+///
+/// # Safety
+/// `ptr` is NULL or came from [`gate_into_raw`] and is taken back exactly once.
+pub(crate) unsafe fn gate_take(ptr: *mut kvgate_gate) -> Option<Arc<GateHandle>> {
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: the host's reference from `Arc::into_raw`, handed back once (caller).
+    Some(unsafe { Arc::from_raw(ptr.cast_const().cast::<GateHandle>()) })
+}
+
+/// A `(pointer, length)` array argument. A length of 0 gives the empty
+/// slice whatever the pointer (NULL included).
+///
+/// # Safety
+/// A non-NULL `ptr` points to `len` initialised `T`s that stay unchanged for `'a`.
+pub(crate) unsafe fn slice_arg<'a, T>(
+    ptr: *const T,
+    len: usize,
+    arg: Arg,
+    len_arg: Arg,
+) -> Result<&'a [T], Failure> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Failure::invalid(format!(
+            "{arg} is NULL but {len_arg} is {len}"
+        )));
+    }
+    if !ptr.is_aligned() {
+        return Err(Failure::invalid(format!(
+            "{arg} ({ptr:p}) is not aligned to {} bytes",
+            align_of::<T>()
+        )));
+    }
+    if len > isize::MAX as usize / size_of::<T>().max(1) {
+        return Err(Failure::invalid(format!(
+            "{len_arg} ({len}) is larger than any array can be"
+        )));
+    }
+    // SAFETY: non-NULL, aligned, size within isize::MAX (checked); `len`
+    // initialised elements that stay unchanged for 'a (caller).
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// The `(session_id, session_id_len)` pair most exports take.
+///
+/// # Safety
+/// As [`slice_arg`].
+pub(crate) unsafe fn session_arg<'a>(ptr: *const u8, len: usize) -> Result<&'a [u8], Failure> {
+    // SAFETY: forwarded (caller).
+    unsafe { slice_arg(ptr, len, "session_id", "session_id_len") }
+}
+
+/// An out-parameter: checked for NULL and alignment, written only on success
+/// (never read, so it may point to uninitialised memory).
+#[derive(Debug)]
+pub(crate) struct Out<'a, T>(&'a mut MaybeUninit<T>);
+
+impl<T> Out<'_, T> {
+    pub(crate) fn write(self, value: T) {
+        self.0.write(value);
+    }
+}
+
+/// # Safety
+/// A non-NULL `ptr` points to memory valid for writing a `T`, used by nobody
+/// else for `'a`.
+pub(crate) unsafe fn out_arg<'a, T>(ptr: *mut T, arg: Arg) -> Result<Out<'a, T>, Failure> {
+    if ptr.is_null() {
+        return Err(null(arg));
+    }
+    if !ptr.is_aligned() {
+        return Err(Failure::invalid(format!(
+            "{arg} ({ptr:p}) is not aligned to {} bytes",
+            align_of::<T>()
+        )));
+    }
+    // SAFETY: non-NULL and aligned (checked), writable and exclusive for 'a
+    // (caller); `MaybeUninit` never reads what is there.
+    Ok(Out(unsafe { &mut *ptr.cast::<MaybeUninit<T>>() }))
+}
+
+/// An optional out-parameter: NULL means the caller does not want it.
+///
+/// # Safety
+/// As [`out_arg`].
+pub(crate) unsafe fn optional_out_arg<'a, T>(
+    ptr: *mut T,
+    arg: Arg,
+) -> Result<Option<Out<'a, T>>, Failure> {
+    if ptr.is_null() {
+        Ok(None)
+    } else {
+        // SAFETY: forwarded (caller).
+        unsafe { out_arg(ptr, arg) }.map(Some)
+    }
+}
+
+/// A caller-owned byte buffer of `cap` bytes; NULL is allowed only with `cap == 0`.
+///
+/// # Safety
+/// A non-NULL `ptr` points to `cap` writable bytes used by nobody else for `'a`.
+pub(crate) unsafe fn buffer_arg<'a>(
+    ptr: *mut u8,
+    cap: usize,
+    arg: Arg,
+    cap_arg: Arg,
+) -> Result<&'a mut [MaybeUninit<u8>], Failure> {
+    if cap == 0 {
+        return Ok(&mut []);
+    }
+    if ptr.is_null() {
+        return Err(Failure::invalid(format!(
+            "{arg} is NULL but {cap_arg} is {cap}"
+        )));
+    }
+    if cap > isize::MAX as usize {
+        return Err(Failure::invalid(format!(
+            "{cap_arg} ({cap}) is larger than any buffer can be"
+        )));
+    }
+    // SAFETY: non-NULL, bytes need no alignment, size checked; writable and
+    // exclusive for 'a (caller); `MaybeUninit` never reads what is there.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<MaybeUninit<u8>>(), cap) })
+}
+
+fn null(arg: Arg) -> Failure {
+    Failure::invalid(format!("{arg} is NULL"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arrays_are_checked_before_use() {
+        // SAFETY: every call below is refused before touching memory, or reads a live array.
+        unsafe {
+            assert_eq!(
+                slice_arg::<u32>(std::ptr::null(), 0, "p", "n").unwrap(),
+                &[] as &[u32]
+            );
+            let err =
+                slice_arg::<u32>(std::ptr::null(), 3, "prompt_ids", "prompt_len").unwrap_err();
+            assert_eq!(err.message, "prompt_ids is NULL but prompt_len is 3");
+            let words = [1u32, 2, 3];
+            let misaligned = words.as_ptr().cast::<u8>().add(1).cast::<u32>();
+            let err = slice_arg(misaligned, 2, "prompt_ids", "prompt_len").unwrap_err();
+            assert!(
+                err.message.contains("not aligned to 4 bytes"),
+                "{}",
+                err.message
+            );
+            let err =
+                slice_arg(words.as_ptr(), usize::MAX / 2, "prompt_ids", "prompt_len").unwrap_err();
+            assert!(
+                err.message.contains("larger than any array"),
+                "{}",
+                err.message
+            );
+            assert_eq!(slice_arg(words.as_ptr(), 3, "p", "n").unwrap(), &words);
+        }
+    }
+
+    #[test]
+    fn out_params_and_buffers_are_checked() {
+        // SAFETY: refused before touching memory, or written to a live local.
+        unsafe {
+            let err = out_arg::<u64>(std::ptr::null_mut(), "out").unwrap_err();
+            assert_eq!(err.message, "out is NULL");
+            assert!(optional_out_arg::<u64>(std::ptr::null_mut(), "out")
+                .unwrap()
+                .is_none());
+            let mut value = 0u64;
+            out_arg(&mut value, "out").unwrap().write(9);
+            assert_eq!(value, 9);
+            let err = buffer_arg(std::ptr::null_mut(), 8, "buf", "cap").unwrap_err();
+            assert_eq!(err.message, "buf is NULL but cap is 8");
+            assert!(buffer_arg(std::ptr::null_mut(), 0, "buf", "cap")
+                .unwrap()
+                .is_empty());
+        }
+    }
+
+    #[test]
+    fn null_handles_are_refused() {
+        // SAFETY: NULL is refused before any dereference.
+        unsafe {
+            assert_eq!(
+                config_mut(std::ptr::null_mut(), "config")
+                    .unwrap_err()
+                    .message,
+                "config is NULL"
+            );
+            assert!(gate_ref(std::ptr::null_mut(), "gate").is_err());
+            assert!(gate_clone(std::ptr::null_mut(), "gate").is_err());
+            assert!(gate_take(std::ptr::null_mut()).is_none());
+            config_free(std::ptr::null_mut());
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! The C ABI: what `include/kvgate.h` declares (cbindgen generates the header
+//! from this module; `tests/ffi_header.rs` fails when the two drift apart).
+//!
+//! Rust hosts use [`Gate`](crate::Gate) directly; these functions exist for C,
+//! C++ and Python (ctypes) hosts. The conventions, written once here and
+//! repeated where they matter in the header:
+//!
+//! - Every fallible function returns a [`kvgate_status`]; out-parameters come
+//!   last and are written only on `KVGATE_OK`. On any other status,
+//!   [`kvgate_last_error`] tells this thread which argument or value was
+//!   wrong and why.
+//! - Every pointer is checked: a NULL handle, a NULL out-pointer, or a NULL
+//!   (or misaligned) array with a non-zero length is refused with
+//!   `KVGATE_INVALID_ARGUMENT`; nothing is dereferenced first.
+//! - Nothing unwinds into C: a Rust panic becomes `KVGATE_PANIC` (or the
+//!   documented default of a function without a status).
+//! - Leases are `uint64_t` handles kept in a registry, so a double or stale
+//!   release is answered with `KVGATE_UNKNOWN_LEASE`, never with memory
+//!   corruption.
+//!
+//! Plumbing, one job per module: `status` (the enums), `error` (last
+//! error, the failure type), `panic` (the one boundary every export runs
+//! in), `handles` (every raw-pointer conversion), `gate_handle` (what a
+//! `kvgate_gate *` owns and how `kvgate_free` waits), `callbacks` (C probes
+//! as a [`Probe`](crate::Probe)), `leases` (the lease registry). Exports by
+//! C "class": `version`, `config`, `gate`, `stats`.
+
+// The C names are the contract (`kvgate_status`, `KVGATE_OK`, ...): spelling
+// them verbatim in Rust keeps cbindgen's output free of renaming rules.
+#![allow(non_camel_case_types)]
+
+// Exports, in the order cbindgen lays them out in the header (one module
+// per group; the blank lines stop rustfmt from sorting them).
+mod version;
+
+mod status;
+
+mod error;
+
+mod config;
+
+mod callbacks;
+
+mod gate;
+
+mod stats;
+
+// Plumbing.
+mod gate_handle;
+mod handles;
+mod leases;
+mod panic;
+
+pub use callbacks::{kvgate_prefix_fn, kvgate_probes, kvgate_usage_fn};
+pub use config::{
+    kvgate_config_free, kvgate_config_new, kvgate_config_set_high_watermark,
+    kvgate_config_set_hit_threshold, kvgate_config_set_idle_grace_sec,
+    kvgate_config_set_session_retention_sec, kvgate_config_set_wait_poll_sec,
+};
+pub use error::kvgate_last_error;
+pub use gate::{
+    kvgate_acquire, kvgate_admission, kvgate_cancel_session, kvgate_close, kvgate_finish_session,
+    kvgate_free, kvgate_new, kvgate_release, KVGATE_NO_LEASE,
+};
+pub use handles::{kvgate_config, kvgate_gate};
+pub use stats::{
+    kvgate_get_session_stats, kvgate_get_stats, kvgate_metrics_text, kvgate_session_stats,
+    kvgate_stats,
+};
+pub use status::{
+    kvgate_reason, kvgate_reason_str, kvgate_status, kvgate_status_str, KVGATE_REASON_COUNT,
+};
+pub use version::{
+    kvgate_version, KVGATE_VERSION_MAJOR, KVGATE_VERSION_MINOR, KVGATE_VERSION_PATCH,
+};

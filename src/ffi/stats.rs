@@ -1,0 +1,272 @@
+//! Monitoring: gate-wide and per-session figures, and Prometheus text.
+
+use std::ffi::c_char;
+
+use super::error::Failure;
+use super::handles::{self, kvgate_gate};
+use super::panic::ffi_status;
+use super::status::{kvgate_status, KVGATE_REASON_COUNT};
+use crate::{GateStats, ReservationState, SessionStats};
+
+/// Gate-wide figures (`kvgate_get_stats`). Counters only grow; gauges are
+/// marked. Each figure is exact; the set is not one atomic instant.
+///
+/// This struct never changes layout: new figures come with new functions.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct kvgate_stats {
+    /// Admissions per reason, indexed by `kvgate_reason`.
+    pub admissions_by_reason: [u64; KVGATE_REASON_COUNT],
+    /// All admissions (the sum of `admissions_by_reason`).
+    pub admissions: u64,
+    /// Attempts begun (every `kvgate_acquire` not refused as closed or invalid).
+    pub attempts: u64,
+    /// Attempts that slept at least once before they ended.
+    pub waits: u64,
+    /// Total seconds, start to end, of the attempts counted in `waits`.
+    pub wait_sec: f64,
+    /// Attempts preempted by a newer attempt of their session.
+    pub preempted: u64,
+    /// Attempts whose timeout passed.
+    pub timed_out: u64,
+    /// Attempts cancelled by the host.
+    pub cancelled: u64,
+    /// Attempts ended or refused because the gate was closed.
+    pub closed: u64,
+    /// Usage probe calls.
+    pub usage_probe_calls: u64,
+    /// Usage probe answers that were unavailable (invalid ones included).
+    pub usage_probe_unavailable: u64,
+    /// Usage probe answers that were NaN, infinite or outside [0, 1].
+    pub usage_probe_invalid: u64,
+    /// Prefix probe calls.
+    pub prefix_probe_calls: u64,
+    /// Prefix probe answers that were unavailable (invalid ones included).
+    pub prefix_probe_unavailable: u64,
+    /// Prefix probe answers that were NaN, infinite or outside [0, 1].
+    pub prefix_probe_invalid: u64,
+    /// Grace windows that ended by expiry.
+    pub grace_expired: u64,
+    /// `kvgate_finish_session` calls that found their session.
+    pub sessions_finished: u64,
+    /// Session records dropped after the retention period.
+    pub sessions_retired: u64,
+    /// Leases released.
+    pub releases: u64,
+    /// Gauge: leases held.
+    pub active_leases: u64,
+    /// Gauge: attempts begun and not yet ended (probing or waiting).
+    pub pending_attempts: u64,
+    /// Gauge: attempts asleep waiting for admission.
+    pub waiting_attempts: u64,
+    /// Gauge: sessions whose reservation is held by an in-flight request.
+    pub reserved_in_flight: u64,
+    /// Gauge: sessions in their idle grace window.
+    pub reserved_in_grace: u64,
+    /// Gauge: session records kept.
+    pub tracked_sessions: u64,
+}
+
+impl From<&GateStats> for kvgate_stats {
+    fn from(s: &GateStats) -> Self {
+        Self {
+            admissions_by_reason: s.admissions_by_reason,
+            admissions: s.total_admissions(),
+            attempts: s.attempts,
+            waits: s.waits,
+            wait_sec: s.wait_time.as_secs_f64(),
+            preempted: s.preempted,
+            timed_out: s.timed_out,
+            cancelled: s.cancelled,
+            closed: s.closed,
+            usage_probe_calls: s.usage_probe_calls,
+            usage_probe_unavailable: s.usage_probe_unavailable,
+            usage_probe_invalid: s.usage_probe_invalid,
+            prefix_probe_calls: s.prefix_probe_calls,
+            prefix_probe_unavailable: s.prefix_probe_unavailable,
+            prefix_probe_invalid: s.prefix_probe_invalid,
+            grace_expired: s.grace_expired,
+            sessions_finished: s.sessions_finished,
+            sessions_retired: s.sessions_retired,
+            releases: s.releases,
+            active_leases: s.active_leases,
+            pending_attempts: s.pending_attempts,
+            waiting_attempts: s.waiting_attempts,
+            reserved_in_flight: s.reserved_in_flight,
+            reserved_in_grace: s.reserved_in_grace,
+            tracked_sessions: s.tracked_sessions,
+        }
+    }
+}
+
+/// One session's figures (`kvgate_get_session_stats`, `kvgate_finish_session`).
+///
+/// This struct never changes layout: new figures come with new functions.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct kvgate_session_stats {
+    /// Attempts of this session preempted by a newer attempt (admission
+    /// preemptions only, never the engine's). High means retries, not
+    /// scheduling, are the problem.
+    pub num_preempted: u64,
+    /// Attempts begun.
+    pub attempts: u64,
+    /// Attempts admitted.
+    pub admissions: u64,
+    /// Attempts that slept at least once.
+    pub waits: u64,
+    /// Total seconds in `kvgate_acquire` of the attempts counted in `waits`.
+    pub wait_sec: f64,
+    /// Attempts whose timeout passed.
+    pub timed_out: u64,
+    /// Attempts cancelled by the host.
+    pub cancelled: u64,
+    /// Leases of this session currently held.
+    pub active_leases: u32,
+    /// Of those, the leases holding the session's reservation.
+    pub retaining_leases: u32,
+    /// Whether an attempt of this session is competing for admission now.
+    pub attempt_pending: bool,
+    /// Whether the session owns a reservation: held by an in-flight request
+    /// or in its idle grace window.
+    pub reserved: bool,
+    /// Whether the reservation is in its idle grace window.
+    pub in_grace: bool,
+    /// Seconds left in the grace window; 0 unless `in_grace`.
+    pub grace_remaining_sec: f64,
+    /// Prompt length (tokens) of the newest admitted attempt.
+    pub last_admitted_prompt_len: u64,
+    /// Seconds since the session was last active (began, admitted, released).
+    pub idle_sec: f64,
+}
+
+impl From<&SessionStats> for kvgate_session_stats {
+    fn from(s: &SessionStats) -> Self {
+        let (reserved, retaining_leases, in_grace, grace_remaining_sec) = match s.reservation {
+            ReservationState::None => (false, 0, false, 0.0),
+            ReservationState::InFlight { leases } => (true, leases, false, 0.0),
+            ReservationState::Grace { remaining } => (true, 0, true, remaining.as_secs_f64()),
+        };
+        Self {
+            num_preempted: s.num_preempted,
+            attempts: s.attempts,
+            admissions: s.admissions,
+            waits: s.waits,
+            wait_sec: s.wait_time.as_secs_f64(),
+            timed_out: s.timed_out,
+            cancelled: s.cancelled,
+            active_leases: s.active_leases,
+            retaining_leases,
+            attempt_pending: s.attempt_pending,
+            reserved,
+            in_grace,
+            grace_remaining_sec,
+            last_admitted_prompt_len: s.last_admitted_prompt_len as u64,
+            idle_sec: s.idle_for.as_secs_f64(),
+        }
+    }
+}
+
+/// Writes the gate-wide figures to `*out` (due grace expiries are fired
+/// first). Returns `KVGATE_INVALID_ARGUMENT` for a NULL `gate` or `out`.
+/// Thread-safe.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`); `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_get_stats(
+    gate: *mut kvgate_gate,
+    out: *mut kvgate_stats,
+) -> kvgate_status {
+    ffi_status("kvgate_get_stats", || {
+        // SAFETY: pointer contracts forwarded (caller).
+        let (handle, out) = unsafe {
+            (
+                handles::gate_ref(gate, "gate")?,
+                handles::out_arg(out, "out")?,
+            )
+        };
+        out.write(kvgate_stats::from(&handle.gate.stats()));
+        Ok(())
+    })
+}
+
+/// Writes one session's figures to `*out`. Returns `KVGATE_NOT_FOUND` if the
+/// session is not tracked (never seen, finished, or retired after
+/// `session_retention_sec` idle), `KVGATE_INVALID_ARGUMENT` for a NULL
+/// `gate` or `out` or a NULL `session_id` with a non-zero length.
+/// Thread-safe.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
+/// `session_id_len` bytes if not NULL; `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_get_session_stats(
+    gate: *mut kvgate_gate,
+    session_id: *const u8,
+    session_id_len: usize,
+    out: *mut kvgate_session_stats,
+) -> kvgate_status {
+    ffi_status("kvgate_get_session_stats", || {
+        // SAFETY: pointer contracts forwarded (caller).
+        let (handle, session, out) = unsafe {
+            (
+                handles::gate_ref(gate, "gate")?,
+                handles::session_arg(session_id, session_id_len)?,
+                handles::out_arg(out, "out")?,
+            )
+        };
+        let stats = handle
+            .gate
+            .session_stats(session)
+            .ok_or_else(|| Failure::not_tracked(session))?;
+        out.write(kvgate_session_stats::from(&stats));
+        Ok(())
+    })
+}
+
+/// Renders the gate-wide figures in Prometheus text exposition format
+/// (`kvgate_*` families) into the caller's buffer, NUL-terminated.
+///
+/// `*needed` is always set (on `KVGATE_OK` and `KVGATE_BUFFER_TOO_SMALL`) to
+/// the size the text needs, NUL terminator included. If `cap` is smaller,
+/// returns `KVGATE_BUFFER_TOO_SMALL` and leaves `buf` untouched: allocate
+/// `*needed` bytes (a little more, since counters may grow a digit between
+/// calls) and call again. `buf` may be NULL when `cap` is 0, to ask for the
+/// size. Returns `KVGATE_INVALID_ARGUMENT` for a NULL `gate` or `needed`, or
+/// a NULL `buf` with a non-zero `cap`. Thread-safe.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`); `buf` is NULL or has
+/// `cap` writable bytes; `needed` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_metrics_text(
+    gate: *mut kvgate_gate,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+) -> kvgate_status {
+    ffi_status("kvgate_metrics_text", || {
+        // SAFETY: pointer contracts forwarded (caller).
+        let (handle, buf, needed) = unsafe {
+            (
+                handles::gate_ref(gate, "gate")?,
+                handles::buffer_arg(buf.cast::<u8>(), cap, "buf", "cap")?,
+                handles::out_arg(needed, "needed")?,
+            )
+        };
+        let text = handle.gate.metrics_text();
+        let size = text.len() + 1;
+        needed.write(size);
+        if buf.len() < size {
+            return Err(Failure::new(
+                kvgate_status::KVGATE_BUFFER_TOO_SMALL,
+                format!("cap is {cap} bytes but the text needs {size} (NUL included)"),
+            ));
+        }
+        for (slot, byte) in buf.iter_mut().zip(text.bytes().chain([0])) {
+            slot.write(byte);
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,233 @@
+//! The two C enums, their names, and how Rust outcomes map onto them.
+//!
+//! Values are explicit and never reused: a value whose meaning is retired
+//! stays reserved (noted here) so a host compiled against an older header
+//! never misreads a newer library.
+
+use std::ffi::c_char;
+
+use super::panic::ffi_boundary;
+use crate::{AcquireError, Reason};
+
+/// The result of every fallible kvgate function.
+///
+/// `KVGATE_OK` is 0; every other value is a failure, and
+/// `kvgate_last_error()` then describes it for the calling thread. Values
+/// are stable across releases and never reused; new values may be added, so
+/// treat an unknown value as a failure.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum kvgate_status {
+    /// Success: out-parameters were written.
+    KVGATE_OK = 0,
+    /// `kvgate_acquire`: a newer attempt of the same session began while this
+    /// one was waiting (the host retried). Counted in the session's
+    /// `num_preempted`.
+    KVGATE_PREEMPTED = 1,
+    /// `kvgate_acquire`: the timeout passed before admission.
+    KVGATE_TIMED_OUT = 2,
+    /// `kvgate_acquire`: the host cancelled the attempt with
+    /// `kvgate_cancel_session`.
+    KVGATE_CANCELLED = 3,
+    /// `kvgate_acquire`: the gate was closed (`kvgate_close`) or freed
+    /// (`kvgate_free`) before admission.
+    KVGATE_CLOSED = 4,
+    /// An argument was refused (NULL pointer, NULL array with a non-zero
+    /// length, misaligned array, out-of-range configuration value); nothing
+    /// was changed.
+    KVGATE_INVALID_ARGUMENT = 5,
+    /// `kvgate_release`: the lease handle is not outstanding (already
+    /// released, never issued by this gate, or released by `kvgate_free`).
+    KVGATE_UNKNOWN_LEASE = 6,
+    /// The session is not tracked (`kvgate_finish_session`,
+    /// `kvgate_get_session_stats`), or has no attempt waiting
+    /// (`kvgate_cancel_session`).
+    KVGATE_NOT_FOUND = 7,
+    /// kvgate panicked (a bug in kvgate): the call had no effect that can be
+    /// relied on, the gate stays usable.
+    KVGATE_PANIC = 8,
+    /// `kvgate_metrics_text`: the buffer is too small; `*needed` holds the
+    /// size to allocate and the buffer was not touched.
+    KVGATE_BUFFER_TOO_SMALL = 9,
+}
+
+impl kvgate_status {
+    /// Every status, in value order.
+    pub(crate) const ALL: [kvgate_status; 10] = [
+        Self::KVGATE_OK,
+        Self::KVGATE_PREEMPTED,
+        Self::KVGATE_TIMED_OUT,
+        Self::KVGATE_CANCELLED,
+        Self::KVGATE_CLOSED,
+        Self::KVGATE_INVALID_ARGUMENT,
+        Self::KVGATE_UNKNOWN_LEASE,
+        Self::KVGATE_NOT_FOUND,
+        Self::KVGATE_PANIC,
+        Self::KVGATE_BUFFER_TOO_SMALL,
+    ];
+
+    /// The stable lower-case name (`"ok"`, `"preempted"`, ...), NUL-terminated.
+    fn name(self) -> &'static [u8] {
+        match self {
+            Self::KVGATE_OK => b"ok\0",
+            Self::KVGATE_PREEMPTED => b"preempted\0",
+            Self::KVGATE_TIMED_OUT => b"timed_out\0",
+            Self::KVGATE_CANCELLED => b"cancelled\0",
+            Self::KVGATE_CLOSED => b"closed\0",
+            Self::KVGATE_INVALID_ARGUMENT => b"invalid_argument\0",
+            Self::KVGATE_UNKNOWN_LEASE => b"unknown_lease\0",
+            Self::KVGATE_NOT_FOUND => b"not_found\0",
+            Self::KVGATE_PANIC => b"panic\0",
+            Self::KVGATE_BUFFER_TOO_SMALL => b"buffer_too_small\0",
+        }
+    }
+}
+
+impl From<AcquireError> for kvgate_status {
+    fn from(err: AcquireError) -> Self {
+        match err {
+            AcquireError::Preempted => Self::KVGATE_PREEMPTED,
+            AcquireError::TimedOut => Self::KVGATE_TIMED_OUT,
+            AcquireError::Cancelled => Self::KVGATE_CANCELLED,
+            AcquireError::Closed => Self::KVGATE_CLOSED,
+        }
+    }
+}
+
+/// Why `kvgate_acquire` admitted a turn: the rows of the decision table.
+///
+/// Values are stable and never reused; new values may be added (a host
+/// should log an unknown value rather than reject it).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum kvgate_reason {
+    /// KV usage was below the high watermark, or the usage probe was
+    /// unavailable.
+    KVGATE_REASON_OPEN = 0,
+    /// Under pressure, the session already owned a reservation (its
+    /// ownership window). Retains the session.
+    KVGATE_REASON_RESERVED_SESSION = 1,
+    /// Under pressure, the prefix probe was unavailable.
+    KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE = 2,
+    /// Under pressure, the prompt's resident prefix reached the hit
+    /// threshold. Retains the session.
+    KVGATE_REASON_RESIDENT_PREFIX = 3,
+}
+
+/// Number of `kvgate_reason` values; the length of
+/// `kvgate_stats.admissions_by_reason`.
+pub const KVGATE_REASON_COUNT: usize = 4;
+
+impl kvgate_reason {
+    /// Every reason, in value order.
+    pub(crate) const ALL: [kvgate_reason; KVGATE_REASON_COUNT] = [
+        Self::KVGATE_REASON_OPEN,
+        Self::KVGATE_REASON_RESERVED_SESSION,
+        Self::KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE,
+        Self::KVGATE_REASON_RESIDENT_PREFIX,
+    ];
+
+    /// The seed's name (`"open"`, ...), NUL-terminated.
+    fn name(self) -> &'static [u8] {
+        match self {
+            Self::KVGATE_REASON_OPEN => b"open\0",
+            Self::KVGATE_REASON_RESERVED_SESSION => b"reserved_session\0",
+            Self::KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE => b"prefix_probe_unavailable\0",
+            Self::KVGATE_REASON_RESIDENT_PREFIX => b"resident_prefix\0",
+        }
+    }
+}
+
+impl From<Reason> for kvgate_reason {
+    fn from(reason: Reason) -> Self {
+        // Spelled out rather than cast, so the core may renumber freely.
+        match reason {
+            Reason::Open => Self::KVGATE_REASON_OPEN,
+            Reason::ReservedSession => Self::KVGATE_REASON_RESERVED_SESSION,
+            Reason::PrefixProbeUnavailable => Self::KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE,
+            Reason::ResidentPrefix => Self::KVGATE_REASON_RESIDENT_PREFIX,
+        }
+    }
+}
+
+/// Unknown values get this name.
+const UNKNOWN: &[u8] = b"unknown\0";
+
+fn c_str(name: &'static [u8]) -> *const c_char {
+    debug_assert_eq!(name.last(), Some(&0));
+    name.as_ptr().cast()
+}
+
+/// The stable lower-case name of a status: `"ok"`, `"preempted"`,
+/// `"timed_out"`, `"cancelled"`, `"closed"`, `"invalid_argument"`,
+/// `"unknown_lease"`, `"not_found"`, `"panic"`, `"buffer_too_small"`, or
+/// `"unknown"` for a value this library does not know.
+///
+/// Takes a plain `uint32_t` so that any value, even one a newer header
+/// defines, is safe to pass. The string is static: never free it. Never
+/// returns NULL. Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn kvgate_status_str(status: u32) -> *const c_char {
+    ffi_boundary("kvgate_status_str", || {
+        let known = kvgate_status::ALL.iter().find(|s| **s as u32 == status);
+        c_str(known.map_or(UNKNOWN, |s| s.name()))
+    })
+}
+
+/// The seed's name of a reason: `"open"`, `"reserved_session"`,
+/// `"prefix_probe_unavailable"`, `"resident_prefix"`, or `"unknown"`.
+///
+/// Takes a plain `uint32_t` so that any value is safe to pass. The string is
+/// static: never free it. Never returns NULL. Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn kvgate_reason_str(reason: u32) -> *const c_char {
+    ffi_boundary("kvgate_reason_str", || {
+        let known = kvgate_reason::ALL.iter().find(|r| **r as u32 == reason);
+        c_str(known.map_or(UNKNOWN, |r| r.name()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    fn text(ptr: *const c_char) -> &'static str {
+        // SAFETY: both functions return pointers to static NUL-terminated strings.
+        unsafe { CStr::from_ptr(ptr) }.to_str().unwrap()
+    }
+
+    #[test]
+    fn status_values_are_the_contract() {
+        let values: Vec<u32> = kvgate_status::ALL.iter().map(|s| *s as u32).collect();
+        assert_eq!(values, (0..10).collect::<Vec<u32>>());
+        assert_eq!(text(kvgate_status_str(0)), "ok");
+        assert_eq!(text(kvgate_status_str(6)), "unknown_lease");
+        assert_eq!(text(kvgate_status_str(9)), "buffer_too_small");
+        assert_eq!(text(kvgate_status_str(10)), "unknown");
+        assert_eq!(text(kvgate_status_str(u32::MAX)), "unknown");
+    }
+
+    #[test]
+    fn acquire_errors_keep_their_names() {
+        for err in [
+            AcquireError::Preempted,
+            AcquireError::TimedOut,
+            AcquireError::Cancelled,
+            AcquireError::Closed,
+        ] {
+            let status = kvgate_status::from(err);
+            assert_eq!(text(kvgate_status_str(status as u32)), err.as_str());
+        }
+    }
+
+    #[test]
+    fn reasons_match_the_core_names_and_values() {
+        for reason in Reason::ALL {
+            let c = kvgate_reason::from(reason);
+            assert_eq!(c as u32, reason as u32);
+            assert_eq!(text(kvgate_reason_str(c as u32)), reason.as_str());
+        }
+        assert_eq!(text(kvgate_reason_str(4)), "unknown");
+    }
+}
