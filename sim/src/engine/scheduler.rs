@@ -89,7 +89,7 @@ pub struct Finished {
 }
 
 /// Counters of one replica.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct EngineStats {
     /// Steps run.
     pub steps: u64,
