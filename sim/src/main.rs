@@ -127,7 +127,10 @@ fn run_scenario(
         "plots: {0}/hit_rate_over_time.svg, {0}/latency_by_turn.svg",
         shown.display()
     );
-    println!("data:  {0}/summary.csv, summary.json, turns.csv, hit_rate_over_time.csv, latency_by_turn.csv", shown.display());
+    println!(
+        "data:  {}/summary.{{csv,md,json}}, turns.csv, hit_rate_over_time.csv, latency_by_turn.csv",
+        shown.display()
+    );
     println!();
     Ok(())
 }

@@ -13,7 +13,8 @@ use crate::scenario::Scenario;
 pub const LEGEND: &str = "\
 hit%: prefix-cache hit rate (hit / prompt tokens at first scheduling); last1/3: same over the last third of the run
 makespan: rollout step wall time; tok/s: generated tokens per second; prefill/re-prefill: Mtokens computed / of those recomputed
-preempt: engine preemptions; waits/wait s: turns that waited at the policy and their total wait; att.pre: gate attempts preempted by retries
+preempt: engine preemptions; waits/wait s: turns that waited at the policy (gate sleeps or cap slots) and their total wait
+retries: turns re-issued by impatient clients; att.pre: gate attempts preempted by a newer attempt of their session
 probes/adm: gate probe calls per admission; late/early: mean latency of each session's last 3 turns over its first 3";
 
 /// The comparison table, one row per policy.
@@ -29,6 +30,7 @@ pub fn table(rows: &[Summary]) -> String {
         "preempt",
         "waits",
         "wait s",
+        "retries",
         "att.pre",
         "probes/adm",
         "late/early",
@@ -47,6 +49,7 @@ pub fn table(rows: &[Summary]) -> String {
             r.engine_preemptions.to_string(),
             r.waits.to_string(),
             format!("{:.0}", r.wait_s),
+            r.reissues.to_string(),
             r.attempts_preempted.to_string(),
             if r.probes_per_admission > 0.0 {
                 format!("{:.2}", r.probes_per_admission)
@@ -88,12 +91,12 @@ pub fn table(rows: &[Summary]) -> String {
 /// The same table as Markdown (for the README and reports).
 pub fn markdown(rows: &[Summary]) -> String {
     let mut out = String::from(
-        "| policy | hit % | hit % last ⅓ | makespan | gen tok/s | prefilled Mtok | re-prefilled Mtok | engine preemptions | waits | wait s | attempts preempted | probes/adm | late/early |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| policy | hit % | hit % last ⅓ | makespan | gen tok/s | prefilled Mtok | re-prefilled Mtok | engine preemptions | waits | wait s | retries | attempts preempted | probes/adm | late/early |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {}{} | {:.1} | {:.1} | {:.1} s | {:.0} | {:.2} | {:.2} | {} | {} | {:.0} | {} | {} | {:.2} |",
+            "| {}{} | {:.1} | {:.1} | {:.1} s | {:.0} | {:.2} | {:.2} | {} | {} | {:.0} | {} | {} | {} | {:.2} |",
             r.policy,
             if r.finished { "" } else { " (unfinished)" },
             r.hit_rate * 100.0,
@@ -105,6 +108,7 @@ pub fn markdown(rows: &[Summary]) -> String {
             r.engine_preemptions,
             r.waits,
             r.wait_s,
+            r.reissues,
             r.attempts_preempted,
             if r.probes_per_admission > 0.0 {
                 format!("{:.2}", r.probes_per_admission)
@@ -145,7 +149,7 @@ struct JsonReport<'a> {
     runs: Vec<JsonRun<'a>>,
 }
 
-/// Writes `summary.csv`, `summary.json`, `turns.csv`, `hit_rate_over_time.csv`
+/// Writes `summary.csv`, `summary.md`, `summary.json`, `turns.csv`, `hit_rate_over_time.csv`
 /// and `latency_by_turn.csv` into `dir`.
 pub fn write_files(
     dir: &Path,
@@ -192,6 +196,7 @@ pub fn write_files(
         csv.push('\n');
     }
     std::fs::write(dir.join("summary.csv"), csv)?;
+    std::fs::write(dir.join("summary.md"), markdown(rows))?;
 
     let report = JsonReport {
         scenario: &scenario.name,

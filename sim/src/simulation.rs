@@ -17,7 +17,7 @@ use crate::events::EventQueue;
 use crate::metrics::{RunResult, TurnRecord};
 use crate::policy::gate::{Action, GateDriver, ProbeKind};
 use crate::policy::router::Router;
-use crate::policy::{Policy, PolicyKind};
+use crate::policy::{Policy, PolicyKind, ProbeTarget};
 use crate::workload::Workload;
 use kvgate::core::LeaseToken;
 
@@ -122,7 +122,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
     );
     let pinning = matches!(policy.kind, PolicyKind::TtlPin { .. });
     let gate = match &policy.kind {
-        PolicyKind::Kvgate(config) => {
+        PolicyKind::Kvgate { config, .. } => {
             Some(GateDriver::new(config.clone(), n).expect("validated config"))
         }
         _ => None,
@@ -264,9 +264,15 @@ impl Sim<'_> {
     fn carry_out(&mut self, action: Action) {
         match action {
             Action::Probe { id, session, kind } => {
-                let replica = self.sessions[session]
-                    .replica
-                    .expect("routed before probing");
+                let replica = match self.policy.kind {
+                    PolicyKind::Kvgate {
+                        probe: ProbeTarget::FirstReplica,
+                        ..
+                    } => 0,
+                    _ => self.sessions[session]
+                        .replica
+                        .expect("routed before probing"),
+                };
                 self.events.push(
                     self.now + self.deployment.probe_rtt_ns / 2,
                     Event::ProbeAtEngine {
@@ -344,7 +350,7 @@ impl Sim<'_> {
                     self.cap_queue.push_back(s);
                 }
             }
-            PolicyKind::Kvgate(_) => {
+            PolicyKind::Kvgate { .. } => {
                 self.route(s);
                 let prompt_len = self.workload.sessions[s].turns[self.sessions[s].turn].prompt_len;
                 let action = self

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::metrics::Summary;
-use crate::policy::{Policy, PolicyKind};
+use crate::policy::{Policy, PolicyKind, ProbeTarget};
 use crate::scenario::Scenario;
 use crate::simulation;
 use crate::workload::Workload;
@@ -36,7 +36,10 @@ pub fn grid() -> Vec<Policy> {
                     };
                     out.push(Policy {
                         name: format!("kvgate:wm={wm},hit={hit},grace={grace},poll={poll}"),
-                        kind: PolicyKind::Kvgate(config),
+                        kind: PolicyKind::Kvgate {
+                            config,
+                            probe: ProbeTarget::SessionReplica,
+                        },
                     });
                 }
             }
@@ -132,7 +135,7 @@ mod tests {
             WATERMARKS.len() * HIT_THRESHOLDS.len() * GRACES_S.len() * POLLS_S.len()
         );
         for p in &g {
-            let PolicyKind::Kvgate(c) = &p.kind else {
+            let PolicyKind::Kvgate { config: c, .. } = &p.kind else {
                 panic!()
             };
             c.validate().unwrap();

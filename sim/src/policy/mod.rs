@@ -24,8 +24,13 @@ use crate::workload::secs_to_ns;
 pub enum PolicyKind {
     /// No gate.
     None,
-    /// The kvgate core with this configuration.
-    Kvgate(kvgate::Config),
+    /// The kvgate core with this configuration, probing `probe`.
+    Kvgate {
+        /// The gate's knobs.
+        config: kvgate::Config,
+        /// Which replica answers a session's probes.
+        probe: ProbeTarget,
+    },
     /// At most this many sessions in flight per replica.
     Cap(usize),
     /// Engine-side pins for this long after each turn, ns.
@@ -33,6 +38,16 @@ pub enum PolicyKind {
         /// Pin lifetime, ns.
         ttl_ns: u64,
     },
+}
+
+/// Which replica the gate's probes ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeTarget {
+    /// The replica the session is routed to (what the gate needs).
+    SessionReplica,
+    /// Always the first replica: what a stock vLLM DP client does with a
+    /// broadcast UTILITY call (it returns engine 0's answer).
+    FirstReplica,
 }
 
 /// A named policy.
@@ -49,12 +64,16 @@ impl Policy {
     pub fn describe(&self) -> String {
         match &self.kind {
             PolicyKind::None => "no admission control".into(),
-            PolicyKind::Kvgate(c) => format!(
-                "kvgate core: watermark {}, hit threshold {}, idle grace {} s, poll {} s",
+            PolicyKind::Kvgate { config: c, probe } => format!(
+                "kvgate core: watermark {}, hit threshold {}, idle grace {} s, poll {} s{}",
                 c.high_watermark,
                 c.hit_threshold,
                 c.idle_grace.as_secs_f64(),
-                c.wait_poll.as_secs_f64()
+                c.wait_poll.as_secs_f64(),
+                match probe {
+                    ProbeTarget::SessionReplica => "",
+                    ProbeTarget::FirstReplica => "; probes always answered by replica 0",
+                }
             ),
             PolicyKind::Cap(k) => format!("at most {k} sessions in flight per replica"),
             PolicyKind::TtlPin { ttl_ns } => format!(
@@ -105,6 +124,7 @@ impl Policy {
                 "poll" | "wait_poll_s" => entry.wait_poll_s = Some(num(v)?),
                 "ttl" | "ttl_s" => entry.ttl_s = Some(num(v)?),
                 "sessions" => entry.sessions = Some(num(v)? as usize),
+                "probe" => entry.probe = Some(v.to_string()),
                 other => return Err(format!("unknown parameter `{other}` in `{spec}`")),
             }
         }
@@ -132,6 +152,8 @@ pub struct PolicyEntry {
     pub sessions: Option<usize>,
     /// ttl-pin: pin lifetime, seconds.
     pub ttl_s: Option<f64>,
+    /// kvgate: `session-replica` (default) or `first-replica`.
+    pub probe: Option<String>,
 }
 
 impl PolicyEntry {
@@ -140,7 +162,8 @@ impl PolicyEntry {
         let gate_knobs = self.high_watermark.is_some()
             || self.hit_threshold.is_some()
             || self.idle_grace_s.is_some()
-            || self.wait_poll_s.is_some();
+            || self.wait_poll_s.is_some()
+            || self.probe.is_some();
         let stray = |what: &str| {
             Err(format!(
                 "policy `{}`: {what} does not apply to kind `{}`",
@@ -180,7 +203,17 @@ impl PolicyEntry {
                 config
                     .validate()
                     .map_err(|e| format!("policy `{}`: {e}", self.label()))?;
-                PolicyKind::Kvgate(config)
+                let probe = match self.probe.as_deref() {
+                    None | Some("session-replica") | Some("session") => ProbeTarget::SessionReplica,
+                    Some("first-replica") | Some("first") => ProbeTarget::FirstReplica,
+                    Some(other) => {
+                        return Err(format!(
+                            "policy `{}`: probe `{other}` is not session-replica or first-replica",
+                            self.label()
+                        ))
+                    }
+                };
+                PolicyKind::Kvgate { config, probe }
             }
             "cap" => {
                 if gate_knobs || self.ttl_s.is_some() {
@@ -238,9 +271,10 @@ mod tests {
                 ttl_ns: 3_000_000_000
             }
         );
-        let PolicyKind::Kvgate(c) = Policy::parse("kvgate:wm=0.3,hit=0.6,grace=5,poll=0.5")
-            .unwrap()
-            .kind
+        let PolicyKind::Kvgate { config: c, .. } =
+            Policy::parse("kvgate:wm=0.3,hit=0.6,grace=5,poll=0.5")
+                .unwrap()
+                .kind
         else {
             panic!()
         };
@@ -249,10 +283,16 @@ mod tests {
             (c.idle_grace, c.wait_poll),
             (Duration::from_secs(5), Duration::from_millis(500))
         );
-        let PolicyKind::Kvgate(d) = Policy::parse("kvgate").unwrap().kind else {
+        let PolicyKind::Kvgate { config: d, probe } = Policy::parse("kvgate").unwrap().kind else {
             panic!()
         };
         assert_eq!(d, kvgate::Config::default());
+        assert_eq!(probe, ProbeTarget::SessionReplica);
+        let PolicyKind::Kvgate { probe, .. } = Policy::parse("kvgate:probe=first").unwrap().kind
+        else {
+            panic!()
+        };
+        assert_eq!(probe, ProbeTarget::FirstReplica);
     }
 
     #[test]
