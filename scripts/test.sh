@@ -9,17 +9,21 @@ step() { printf '\n==> %s\n' "$*"; }
 step "cargo fmt --all --check"
 cargo fmt --all --check
 
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo test --all-targets"
-cargo test --all-targets
+step "cargo test --workspace --all-targets"
+cargo test --workspace --all-targets
 
-step "cargo test --doc"
-cargo test --doc
+step "cargo test --workspace --doc"
+cargo test --workspace --doc
 
 step "cargo run --example readme"
 cargo run --example readme
+
+# The simulator's main command on every scenario, outputs checked.
+step "scripts/sim-smoke.sh"
+scripts/sim-smoke.sh
 
 # Keeps the loom facade compiling until the loom suites land.
 step 'RUSTFLAGS="--cfg loom" cargo check --lib --target-dir target-loom'

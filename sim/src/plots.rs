@@ -62,14 +62,19 @@ fn err(e: impl std::fmt::Display) -> String {
     format!("plot: {e}")
 }
 
+/// What one chart shows.
+struct Chart<'a> {
+    title: String,
+    x_desc: &'a str,
+    y_desc: &'a str,
+    x_max: f64,
+    y_max: f64,
+}
+
 /// One chart: `series[i]` are the points of `runs[i]`.
 fn chart(
     path: &Path,
-    title: &str,
-    x_desc: &str,
-    y_desc: &str,
-    x_max: f64,
-    y_max: f64,
+    c: &Chart<'_>,
     runs: &[RunResult],
     series: &[Vec<(f64, f64)>],
 ) -> Result<(), String> {
@@ -77,23 +82,26 @@ fn chart(
     root.fill(&WHITE).map_err(err)?;
     let (plot_area, legend_area) = root.split_horizontally(WIDTH - LEGEND_WIDTH);
     let mut chart = ChartBuilder::on(&plot_area)
-        .caption(title, ("sans-serif", 20))
+        .caption(&c.title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(48)
         .y_label_area_size(64)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .build_cartesian_2d(0f64..c.x_max, 0f64..c.y_max)
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(y_desc)
+        .x_desc(c.x_desc)
+        .y_desc(c.y_desc)
         .axis_desc_style(("sans-serif", 16))
         .label_style(("sans-serif", 13))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(err)?;
     let looks = looks(runs);
-    for (points, look) in series.iter().zip(&looks) {
+    // The baseline goes on top, so it stays visible where others coincide.
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    order.sort_by_key(|&i| runs[i].policy.name == "none");
+    for (points, look) in order.iter().map(|&i| (&series[i], &looks[i])) {
         let style = ShapeStyle {
             color: look.color.to_rgba(),
             filled: false,
@@ -150,16 +158,14 @@ pub fn write(dir: &Path, scenario: &str, runs: &[RunResult], bucket_ns: u64) -> 
         })
         .collect();
     let x_max = runs.iter().map(|r| r.makespan_ns).max().unwrap_or(1) as f64 / 1e9;
-    chart(
-        &dir.join("hit_rate_over_time.svg"),
-        &format!("{scenario}: prefix-cache hit rate over time"),
-        "simulated time (s)",
-        "hit rate (%)",
-        x_max.max(1.0) * 1.02,
-        100.0,
-        runs,
-        &hits,
-    )?;
+    let hit_chart = Chart {
+        title: format!("{scenario}: prefix-cache hit rate over time"),
+        x_desc: "simulated time (s)",
+        y_desc: "hit rate (%)",
+        x_max: x_max.max(1.0) * 1.02,
+        y_max: 100.0,
+    };
+    chart(&dir.join("hit_rate_over_time.svg"), &hit_chart, runs, &hits)?;
     let latency: Vec<Vec<(f64, f64)>> = runs
         .iter()
         .map(|r| {
@@ -179,13 +185,16 @@ pub fn write(dir: &Path, scenario: &str, runs: &[RunResult], bucket_ns: u64) -> 
         .flatten()
         .map(|&(_, l)| l)
         .fold(0.0, f64::max);
+    let latency_chart = Chart {
+        title: format!("{scenario}: mean turn latency by turn index"),
+        x_desc: "turn index",
+        y_desc: "mean latency, issue to last token (s)",
+        x_max: turns.max(1.0),
+        y_max: (y_max * 1.08).max(0.1),
+    };
     chart(
         &dir.join("latency_by_turn.svg"),
-        &format!("{scenario}: mean turn latency by turn index"),
-        "turn index",
-        "mean latency, issue to last token (s)",
-        turns.max(1.0),
-        (y_max * 1.08).max(0.1),
+        &latency_chart,
         runs,
         &latency,
     )

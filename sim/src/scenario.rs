@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::engine::EngineConfig;
+use crate::engine::{EngineConfig, StepCost};
 use crate::policy::{Policy, PolicyEntry};
 use crate::simulation::Deployment;
 use crate::workload::{secs_to_ns, WorkloadConfig};
@@ -38,9 +38,56 @@ struct File {
     #[serde(default = "default_limit")]
     time_limit_s: f64,
     #[serde(default)]
-    engine: EngineConfig,
+    engine: EngineFile,
     workload: WorkloadConfig,
     policies: Vec<PolicyEntry>,
+}
+
+/// The `[engine]` table; every field defaults to [`EngineConfig::default`].
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct EngineFile {
+    num_gpu_blocks: usize,
+    block_size: usize,
+    max_num_batched_tokens: usize,
+    max_num_seqs: usize,
+    long_prefill_token_threshold: usize,
+    beta0_ms: f64,
+    beta1_us: f64,
+    beta2_us: f64,
+}
+
+impl Default for EngineFile {
+    fn default() -> Self {
+        let d = EngineConfig::default();
+        Self {
+            num_gpu_blocks: d.num_gpu_blocks,
+            block_size: d.block_size,
+            max_num_batched_tokens: d.max_num_batched_tokens,
+            max_num_seqs: d.max_num_seqs,
+            long_prefill_token_threshold: d.long_prefill_token_threshold,
+            beta0_ms: d.cost.beta0_ms,
+            beta1_us: d.cost.beta1_us,
+            beta2_us: d.cost.beta2_us,
+        }
+    }
+}
+
+impl From<EngineFile> for EngineConfig {
+    fn from(f: EngineFile) -> Self {
+        Self {
+            num_gpu_blocks: f.num_gpu_blocks,
+            block_size: f.block_size,
+            max_num_batched_tokens: f.max_num_batched_tokens,
+            max_num_seqs: f.max_num_seqs,
+            long_prefill_token_threshold: f.long_prefill_token_threshold,
+            cost: StepCost {
+                beta0_ms: f.beta0_ms,
+                beta1_us: f.beta1_us,
+                beta2_us: f.beta2_us,
+            },
+        }
+    }
 }
 
 fn one() -> usize {
@@ -74,7 +121,8 @@ impl Scenario {
     /// Parses and validates scenario TOML.
     pub fn parse(text: &str) -> Result<Self, String> {
         let f: File = toml::from_str(text).map_err(|e| e.to_string())?;
-        f.engine.validate()?;
+        let engine = EngineConfig::from(f.engine);
+        engine.validate()?;
         f.workload.validate()?;
         if f.replicas == 0 {
             return Err("replicas must be > 0".into());
@@ -103,7 +151,7 @@ impl Scenario {
             description: f.description,
             seed: f.seed,
             deployment: Deployment {
-                engine: f.engine,
+                engine,
                 replicas: f.replicas,
                 probe_rtt_ns: secs_to_ns(f.probe_rtt_ms / 1e3),
                 time_limit_ns: secs_to_ns(f.time_limit_s),
@@ -161,6 +209,14 @@ mod tests {
     fn unknown_fields_and_bad_values_are_refused() {
         let base = BUILT_IN[0].1;
         assert!(Scenario::parse(&format!("{base}\nbogus = 1\n")).is_err());
+        let typo = base.replace("beta0_ms", "beta_0_ms");
+        assert!(Scenario::parse(&typo).unwrap_err().contains("beta_0_ms"));
+        // Omitted engine fields take the H100 defaults.
+        let minimal = base.replace("beta0_ms = 5.75\n", "");
+        assert_eq!(
+            Scenario::parse(&minimal).unwrap().deployment.engine,
+            EngineConfig::default()
+        );
         let dup = format!("{base}\n[[policies]]\nkind = \"none\"\n");
         assert!(Scenario::parse(&dup).unwrap_err().contains("twice"));
         assert!(Scenario::load("no-such-scenario").is_err());

@@ -130,8 +130,12 @@ impl KvCacheManager {
         }
         self.pool.allocate(new_blocks, &mut table.blocks);
         let full = (computed + num_new_tokens).min(num_tokens) / bs;
-        for i in table.num_cached..full {
-            self.pool.cache(table.blocks[i], hashes[i]);
+        for (&block, &hash) in table.blocks[..full]
+            .iter()
+            .zip(hashes)
+            .skip(table.num_cached)
+        {
+            self.pool.cache(block, hash);
         }
         table.num_cached = table.num_cached.max(full);
         true

@@ -11,14 +11,11 @@ pub mod pins;
 pub mod scheduler;
 pub mod step_time;
 
-use serde::{Deserialize, Serialize};
-
 pub use scheduler::{EngineStats, Finished, FirstScheduled, NewRequest, Replica, ReqId, StepPlan};
 pub use step_time::StepCost;
 
 /// A replica's shape and costs (a scenario's `[engine]` table).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineConfig {
     /// KV blocks per replica, the null block included (vLLM's `num_gpu_blocks`).
     pub num_gpu_blocks: usize,
@@ -31,7 +28,6 @@ pub struct EngineConfig {
     /// Largest prefill chunk of one request per step (0: no limit beyond the budget).
     pub long_prefill_token_threshold: usize,
     /// Step-time coefficients.
-    #[serde(flatten)]
     pub cost: StepCost,
 }
 

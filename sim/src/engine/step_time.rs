@@ -6,11 +6,8 @@
 //! step of 64 sequences about 6.1 ms. Attention cost growing with context
 //! length is not modelled (see the README's simplifications).
 
-use serde::{Deserialize, Serialize};
-
 /// Step-time coefficients.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepCost {
     /// Fixed cost of a step, milliseconds.
     pub beta0_ms: f64,
