@@ -35,6 +35,16 @@ struct Look {
     width: u32,
 }
 
+impl Look {
+    fn style(&self) -> ShapeStyle {
+        ShapeStyle {
+            color: self.color.to_rgba(),
+            filled: false,
+            stroke_width: self.width,
+        }
+    }
+}
+
 fn looks(runs: &[RunResult]) -> Vec<Look> {
     let mut next = 0;
     runs.iter()
@@ -102,11 +112,7 @@ fn chart(
     let mut order: Vec<usize> = (0..runs.len()).collect();
     order.sort_by_key(|&i| runs[i].policy.name == "none");
     for (points, look) in order.iter().map(|&i| (&series[i], &looks[i])) {
-        let style = ShapeStyle {
-            color: look.color.to_rgba(),
-            filled: false,
-            stroke_width: look.width,
-        };
+        let style = look.style();
         if look.dashed {
             chart
                 .draw_series(DashedLineSeries::new(points.iter().copied(), 8, 5, style))
@@ -119,11 +125,7 @@ fn chart(
     }
     for (i, (run, look)) in runs.iter().zip(&looks).enumerate() {
         let y = 40 + 24 * i as i32;
-        let style = ShapeStyle {
-            color: look.color.to_rgba(),
-            filled: false,
-            stroke_width: look.width,
-        };
+        let style = look.style();
         if look.dashed {
             legend_area
                 .draw(&DashedPathElement::new(vec![(8, y), (44, y)], 8, 5, style))
