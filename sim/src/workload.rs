@@ -8,7 +8,10 @@
 //! prefix hits and misses are genuine: two sessions share exactly the
 //! system prompt's blocks. The whole stream of a session is drawn up front
 //! (outputs included, as if sampling were deterministic), so every policy
-//! sees the very same workload for a seed.
+//! sees the very same workload for a seed. Draws use ChaCha8 (value-stable
+//! by contract) and an exactly pinned `rand_distr`; lognormals go through
+//! the platform's `exp`, so figures are bit-identical for a seed on one
+//! platform (in practice across x86-64/aarch64 Linux too, not guaranteed).
 
 use std::rc::Rc;
 
