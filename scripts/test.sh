@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The one test command (README "Two commands"). Later issues append steps:
-# ffi examples, header drift. The proptest state machine
-# (tests/proptest_core.rs) runs in `cargo test --all-targets`.
+# The one test command (README "Two commands"): everything, in order of cost.
+# `cargo test` runs the unit and integration tests, the proptest state
+# machine (tests/proptest_core.rs), the header drift check
+# (tests/ffi_header.rs), the simulator's tests and the benches in test mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,14 +11,14 @@ step() { printf '\n==> %s\n' "$*"; }
 step "cargo fmt --all --check"
 cargo fmt --all --check
 
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo test --all-targets"
-cargo test --all-targets
+step "cargo test --workspace --all-targets"
+cargo test --workspace --all-targets
 
-step "cargo test --doc"
-cargo test --doc
+step "cargo test --workspace --doc"
+cargo test --workspace --doc
 
 step "cargo run --example readme"
 cargo run --example readme
@@ -31,5 +32,9 @@ step "scripts/loom.sh"
 # ASan/UBSan), C++ and Python hosts. The header drift test is in cargo test.
 step "./scripts/ffi-examples.sh"
 ./scripts/ffi-examples.sh
+
+# The simulator's main command on every scenario, outputs checked.
+step "scripts/sim-smoke.sh"
+scripts/sim-smoke.sh
 
 step "all tests passed"

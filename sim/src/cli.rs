@@ -1,0 +1,136 @@
+//! Command-line options (a small hand parser: four flags do not need clap).
+
+use std::path::PathBuf;
+
+/// Parsed options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// Built-in scenario name, file path, or `all`.
+    pub scenario: String,
+    /// Overrides the scenario's seed.
+    pub seed: Option<u64>,
+    /// Output root; results go to `<out>/<scenario>/`.
+    pub out: Option<PathBuf>,
+    /// Policies to run: names from the scenario or compact specs.
+    pub policies: Option<Vec<String>>,
+    /// Sweep kvgate knobs instead of comparing the scenario's policies.
+    pub sweep: bool,
+}
+
+/// Usage text.
+pub const USAGE: &str = "\
+kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and without kvgate
+
+USAGE:
+    kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--sweep]
+
+OPTIONS:
+    --scenario S   built-in scenario (thrash, no-pressure, retry-storm, long-tools,
+                   multi-replica), a scenario TOML file, or `all` [default: thrash]
+    --seed N       workload seed [default: the scenario's]
+    --out DIR      output root; files go to DIR/<scenario>/ [default: target/kvgate-sim]
+    --policies L   comma-separated policies: names from the scenario, or specs such as
+                   none, kvgate, kvgate:wm=0.3,hit=0.5,grace=10,poll=0.5, cap-8, ttl-pin:ttl=2
+    --sweep        run a grid of kvgate knobs (watermark, hit threshold, idle grace,
+                   poll) on the scenario and rank them, instead of the comparison
+    -h, --help     this text";
+
+/// Parses `args` (without the program name). `Err` carries the message to
+/// print; `Ok(None)` means help was asked for.
+pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, String> {
+    let mut o = Options {
+        scenario: crate::scenario::DEFAULT.to_string(),
+        seed: None,
+        out: None,
+        policies: None,
+        sweep: false,
+    };
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |name: &str| -> Result<String, String> {
+            inline
+                .clone()
+                .or_else(|| args.next())
+                .ok_or(format!("{name} needs a value"))
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--scenario" => o.scenario = value("--scenario")?,
+            "--seed" => {
+                let v = value("--seed")?;
+                o.seed = Some(
+                    v.parse()
+                        .map_err(|_| format!("--seed: `{v}` is not an integer"))?,
+                );
+            }
+            "--out" => o.out = Some(PathBuf::from(value("--out")?)),
+            "--policies" => o.policies = Some(split_policies(&value("--policies")?)),
+            "--sweep" => o.sweep = true,
+            other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
+        }
+    }
+    Ok(Some(o))
+}
+
+/// Splits a policy list on commas; a segment with `=` and no `:` continues
+/// the previous spec's parameters (`kvgate:wm=0.3,hit=0.5,cap-8` is two policies).
+pub fn split_policies(list: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for part in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match out.last_mut() {
+            Some(prev) if part.contains('=') && !part.contains(':') => {
+                prev.push(',');
+                prev.push_str(part);
+            }
+            _ => out.push(part.to_string()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn defaults_and_flags() {
+        let o = parse(args("")).unwrap().unwrap();
+        assert_eq!(
+            (o.scenario.as_str(), o.seed, o.sweep),
+            ("thrash", None, false)
+        );
+        let o = parse(args("--scenario all --seed 9 --out /tmp/x --sweep"))
+            .unwrap()
+            .unwrap();
+        assert_eq!((o.scenario.as_str(), o.seed), ("all", Some(9)));
+        assert_eq!(o.out, Some(PathBuf::from("/tmp/x")));
+        assert!(o.sweep);
+        let o = parse(args("--seed=3")).unwrap().unwrap();
+        assert_eq!(o.seed, Some(3));
+        assert!(parse(args("--help")).unwrap().is_none());
+        assert!(parse(args("--seed x")).is_err());
+        assert!(parse(args("--bogus")).is_err());
+        assert!(parse(args("--out")).is_err());
+    }
+
+    #[test]
+    fn policy_lists_keep_spec_parameters_together() {
+        assert_eq!(
+            split_policies("none, kvgate:wm=0.3,hit=0.5,grace=10 ,cap-8,ttl-pin:ttl=2"),
+            vec![
+                "none",
+                "kvgate:wm=0.3,hit=0.5,grace=10",
+                "cap-8",
+                "ttl-pin:ttl=2"
+            ]
+        );
+    }
+}

@@ -1,0 +1,169 @@
+//! `cargo run --release -p kvgate-sim`: the default comparison (scenario
+//! `thrash`, every policy), a table on stdout, files and plots under
+//! `target/kvgate-sim/<scenario>/`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use kvgate_sim::cli::{self, Options, USAGE};
+use kvgate_sim::policy::Policy;
+use kvgate_sim::scenario::{Scenario, BUILT_IN};
+use kvgate_sim::workload::Workload;
+use kvgate_sim::{compare, plots, report, sweep};
+
+fn main() -> ExitCode {
+    let options = match cli::parse(std::env::args().skip(1)) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&options) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(o: &Options) -> Result<(), String> {
+    let names: Vec<String> = if o.scenario == "all" {
+        BUILT_IN.iter().map(|(n, _)| n.to_string()).collect()
+    } else {
+        vec![o.scenario.clone()]
+    };
+    let out_root = o.out.clone().unwrap_or_else(default_out);
+    for name in names {
+        let scenario = Scenario::load(&name)?;
+        let policies = select(&scenario, o.policies.as_deref())?;
+        let seed = o.seed.unwrap_or(scenario.seed);
+        if o.sweep {
+            run_sweep(&scenario, seed, &policies, &out_root)?;
+        } else {
+            run_scenario(&scenario, seed, &policies, &out_root)?;
+        }
+    }
+    Ok(())
+}
+
+/// `target/kvgate-sim` of the workspace this binary was built in.
+fn default_out() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target")
+        .join("kvgate-sim")
+}
+
+fn select(scenario: &Scenario, wanted: Option<&[String]>) -> Result<Vec<Policy>, String> {
+    let Some(wanted) = wanted else {
+        return Ok(scenario.policies.clone());
+    };
+    wanted
+        .iter()
+        .map(|w| match scenario.policies.iter().find(|p| &p.name == w) {
+            Some(p) => Ok(p.clone()),
+            None => Policy::parse(w),
+        })
+        .collect()
+}
+
+fn run_scenario(
+    scenario: &Scenario,
+    seed: u64,
+    policies: &[Policy],
+    out_root: &std::path::Path,
+) -> Result<(), String> {
+    let d = &scenario.deployment;
+    let w = Workload::generate(&scenario.workload, d.engine.block_size, seed);
+    let capacity = d.engine.capacity_tokens() * d.replicas;
+    let final_history: usize = w.sessions.iter().map(|s| s.max_request_tokens()).sum();
+    println!("== scenario {}: {}", scenario.name, scenario.description);
+    println!(
+        "seed {seed} | {} replica(s) x {} KV tokens ({} blocks of {}) | budget {} tokens/step | step = {} ms + {} us/prefill tok + {} us/decode tok | probe rtt {} ms",
+        d.replicas,
+        d.engine.capacity_tokens(),
+        d.engine.num_gpu_blocks,
+        d.engine.block_size,
+        d.engine.max_num_batched_tokens,
+        d.engine.cost.beta0_ms,
+        d.engine.cost.beta1_us,
+        d.engine.cost.beta2_us,
+        d.probe_rtt_ns as f64 / 1e6
+    );
+    println!(
+        "{} sessions, {} turns, {:.1} M prompt tokens in all; final histories add up to {:.2} M tokens = {:.1}x the KV cache",
+        w.sessions.len(),
+        w.num_turns(),
+        w.prompt_tokens() as f64 / 1e6,
+        final_history as f64 / 1e6,
+        final_history as f64 / capacity as f64
+    );
+    for p in policies {
+        println!("  {:<16} {}", p.name, p.describe());
+    }
+    let started = Instant::now();
+    let runs = compare(scenario, seed, policies);
+    let elapsed = started.elapsed().as_secs_f64();
+    let rows: Vec<_> = runs.iter().map(|r| r.summary()).collect();
+    println!();
+    print!("{}", report::table(&rows));
+    println!("{}", report::LEGEND);
+    let dir = out_root.join(&scenario.name);
+    let longest = runs.iter().map(|r| r.makespan_ns).max().unwrap_or(1).max(1);
+    let bucket_ns = (longest / 40).max(1_000_000);
+    report::write_files(&dir, scenario, seed, &runs, &rows, bucket_ns)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    plots::write(&dir, &scenario.name, &runs, bucket_ns)?;
+    let shown = dir.canonicalize().unwrap_or(dir.clone());
+    println!("simulated {} policies in {elapsed:.2} s", runs.len());
+    println!(
+        "plots: {0}/hit_rate_over_time.svg, {0}/latency_by_turn.svg",
+        shown.display()
+    );
+    println!(
+        "data:  {}/summary.{{csv,md,json}}, turns.csv, hit_rate_over_time.csv, latency_by_turn.csv",
+        shown.display()
+    );
+    println!();
+    Ok(())
+}
+
+fn run_sweep(
+    scenario: &Scenario,
+    seed: u64,
+    baselines: &[Policy],
+    out_root: &std::path::Path,
+) -> Result<(), String> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let grid = sweep::grid();
+    println!(
+        "== sweep of {} kvgate configurations on scenario {} (seed {seed}, {threads} threads)",
+        grid.len(),
+        scenario.name
+    );
+    let started = Instant::now();
+    let base = sweep::run_all(scenario, seed, baselines, threads);
+    let rows = sweep::run_all(scenario, seed, &grid, threads);
+    println!("baselines (the scenario's policies):");
+    print!("{}", report::table(&base));
+    let ranked = sweep::ranked(rows);
+    println!("\nbest 25 of the grid by makespan:");
+    print!("{}", report::table(&ranked[..ranked.len().min(25)]));
+    let dir = out_root.join(&scenario.name);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join("sweep.csv");
+    std::fs::write(&path, sweep::csv(&ranked)).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!(
+        "swept in {:.1} s; every point in {}",
+        started.elapsed().as_secs_f64(),
+        path.canonicalize().unwrap_or(path.clone()).display()
+    );
+    Ok(())
+}

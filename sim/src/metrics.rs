@@ -1,0 +1,284 @@
+//! What one policy's run produced, and the figures derived from it.
+
+use kvgate::{GateStats, Reason};
+use serde::Serialize;
+
+use crate::engine::EngineStats;
+use crate::policy::Policy;
+
+/// One completed turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TurnRecord {
+    /// Session index.
+    pub session: usize,
+    /// Turn index within the session.
+    pub turn: usize,
+    /// Whether it was the session's last turn.
+    pub last: bool,
+    /// When the client issued it (the tool returned), ns. For `cap-K`, a
+    /// session's first turn counts from the moment it got its slot.
+    pub issued_ns: u64,
+    /// When the engine first scheduled it, ns.
+    pub first_scheduled_ns: u64,
+    /// When its last token was generated, ns.
+    pub completed_ns: u64,
+    /// Prompt tokens.
+    pub prompt_len: usize,
+    /// Prompt tokens found in the prefix cache at first scheduling.
+    pub hit_tokens: usize,
+    /// Tokens prefilled, recomputation included.
+    pub prefilled: usize,
+    /// Of those, tokens the session had computed before.
+    pub re_prefilled: usize,
+    /// Tokens generated.
+    pub output_len: usize,
+    /// Times the client re-issued it.
+    pub reissues: u32,
+    /// Times the engine preempted it.
+    pub engine_preemptions: u32,
+}
+
+impl TurnRecord {
+    /// Issue to completion, ns.
+    pub fn latency_ns(&self) -> u64 {
+        self.completed_ns - self.issued_ns
+    }
+}
+
+/// Everything one policy's run produced.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// The policy.
+    pub policy: Policy,
+    /// Completed turns, in completion order.
+    pub turns: Vec<TurnRecord>,
+    /// Time the last session finished (or the time limit), ns.
+    pub makespan_ns: u64,
+    /// Whether every session finished within the time limit.
+    pub finished: bool,
+    /// Engine counters summed over replicas.
+    pub engine: EngineStats,
+    /// The gate's own figures (kvgate policies only).
+    pub gate: Option<GateStats>,
+    /// `cap-K`: sessions that waited for a slot, and the total wait, ns.
+    pub slot_waits: u64,
+    /// See `slot_waits`.
+    pub slot_wait_ns: u64,
+    /// Turns re-issued by impatient clients.
+    pub reissues: u64,
+    /// Host time the run took, ms (not deterministic; not in golden tests).
+    pub wall_ms: f64,
+}
+
+/// The per-policy row of the comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// Policy label.
+    pub policy: String,
+    /// Whether every session finished.
+    pub finished: bool,
+    /// Prefix-cache hit rate over all turns (hit / prompt tokens at first scheduling).
+    pub hit_rate: f64,
+    /// The same over turns first scheduled in the last third of the run.
+    pub hit_rate_last_third: f64,
+    /// Time for the whole rollout step, s.
+    pub makespan_s: f64,
+    /// Generated tokens per second of makespan.
+    pub gen_tok_per_s: f64,
+    /// Prompt tokens prefilled (recompute included).
+    pub prefilled_tokens: u64,
+    /// Prefilled tokens the session had computed before.
+    pub re_prefilled_tokens: u64,
+    /// Engine preemptions by recompute.
+    pub engine_preemptions: u64,
+    /// Turns that waited at the policy (gate sleeps, or sessions waiting for a cap slot).
+    pub waits: u64,
+    /// Total of those waits, s.
+    pub wait_s: f64,
+    /// Gate attempts preempted by a newer attempt of their session.
+    pub attempts_preempted: u64,
+    /// Turns re-issued by impatient clients.
+    pub reissues: u64,
+    /// Probe calls per admission (gate only).
+    pub probes_per_admission: f64,
+    /// Gate admissions by reason (`open`, `reserved_session`, `prefix_probe_unavailable`, `resident_prefix`).
+    pub admissions_by_reason: [u64; 4],
+    /// Mean turn latency, s.
+    pub mean_turn_latency_s: f64,
+    /// Mean latency of each session's last 3 turns over its first 3.
+    pub late_turn_slowdown: f64,
+    /// Mean latency of the first 3 turns, s.
+    pub early_turn_latency_s: f64,
+    /// Mean latency of the last 3 turns, s.
+    pub late_turn_latency_s: f64,
+}
+
+/// Turns at each end of a session compared by the late-turn slowdown.
+pub const SLOWDOWN_TURNS: usize = 3;
+
+impl RunResult {
+    /// The row for the comparison table.
+    pub fn summary(&self) -> Summary {
+        let (q, h) = sums(self.turns.iter());
+        let cut = self.makespan_ns / 3 * 2;
+        let (ql, hl) = sums(self.turns.iter().filter(|t| t.first_scheduled_ns >= cut));
+        let secs = self.makespan_ns as f64 / 1e9;
+        let generated: u64 = self.turns.iter().map(|t| t.output_len as u64).sum();
+        let mean = |it: &mut dyn Iterator<Item = &TurnRecord>| {
+            let (n, s) = it.fold((0u64, 0u64), |(n, s), t| (n + 1, s + t.latency_ns()));
+            if n == 0 {
+                0.0
+            } else {
+                s as f64 / n as f64 / 1e9
+            }
+        };
+        let early = mean(&mut self.turns.iter().filter(|t| t.turn < SLOWDOWN_TURNS));
+        let num_turns = self.session_lengths();
+        let late = mean(
+            &mut self
+                .turns
+                .iter()
+                .filter(|t| t.turn + SLOWDOWN_TURNS >= num_turns[t.session]),
+        );
+        let all = mean(&mut self.turns.iter());
+        let (waits, wait_s, preempted, probes, reasons) = match &self.gate {
+            Some(g) => {
+                let admissions: u64 = g.admissions_by_reason.iter().sum();
+                let probes = (g.usage_probe_calls + g.prefix_probe_calls) as f64;
+                (
+                    g.waits,
+                    g.wait_time.as_secs_f64(),
+                    g.preempted,
+                    if admissions == 0 {
+                        0.0
+                    } else {
+                        probes / admissions as f64
+                    },
+                    g.admissions_by_reason,
+                )
+            }
+            None => (
+                self.slot_waits,
+                self.slot_wait_ns as f64 / 1e9,
+                0,
+                0.0,
+                [0; 4],
+            ),
+        };
+        Summary {
+            policy: self.policy.name.clone(),
+            finished: self.finished,
+            hit_rate: ratio(h, q),
+            hit_rate_last_third: ratio(hl, ql),
+            makespan_s: secs,
+            gen_tok_per_s: if secs > 0.0 {
+                generated as f64 / secs
+            } else {
+                0.0
+            },
+            prefilled_tokens: self.engine.prefill_tokens,
+            re_prefilled_tokens: self.engine.re_prefilled_tokens,
+            engine_preemptions: self.engine.preemptions,
+            waits,
+            wait_s,
+            attempts_preempted: preempted,
+            reissues: self.reissues,
+            probes_per_admission: probes,
+            admissions_by_reason: reasons,
+            mean_turn_latency_s: all,
+            late_turn_slowdown: if early > 0.0 { late / early } else { 0.0 },
+            early_turn_latency_s: early,
+            late_turn_latency_s: late,
+        }
+    }
+
+    /// Turns per session, as completed.
+    fn session_lengths(&self) -> Vec<usize> {
+        let sessions = self.turns.iter().map(|t| t.session + 1).max().unwrap_or(0);
+        let mut n = vec![0; sessions];
+        for t in &self.turns {
+            if t.last {
+                n[t.session] = t.turn + 1;
+            } else {
+                n[t.session] = n[t.session].max(t.turn + 1);
+            }
+        }
+        n
+    }
+
+    /// Hit rate per time bucket of `bucket_ns`: `(bucket start s, hit rate)`
+    /// for every bucket in which some turn was first scheduled.
+    pub fn hit_rate_over_time(&self, bucket_ns: u64) -> Vec<(f64, f64)> {
+        let buckets = (self.makespan_ns / bucket_ns + 1) as usize;
+        let mut q = vec![0u64; buckets];
+        let mut h = vec![0u64; buckets];
+        for t in &self.turns {
+            let b = (t.first_scheduled_ns / bucket_ns) as usize;
+            q[b] += t.prompt_len as u64;
+            h[b] += t.hit_tokens as u64;
+        }
+        (0..buckets)
+            .filter(|&b| q[b] > 0)
+            .map(|b| {
+                (
+                    (b as u64 * bucket_ns) as f64 / 1e9,
+                    h[b] as f64 / q[b] as f64,
+                )
+            })
+            .collect()
+    }
+
+    /// Mean turn latency (s) by turn index: `(turn index, mean, turns)`.
+    pub fn latency_by_turn(&self) -> Vec<(usize, f64, usize)> {
+        let max = self.turns.iter().map(|t| t.turn + 1).max().unwrap_or(0);
+        let mut sum = vec![0u64; max];
+        let mut n = vec![0usize; max];
+        for t in &self.turns {
+            sum[t.turn] += t.latency_ns();
+            n[t.turn] += 1;
+        }
+        (0..max)
+            .filter(|&k| n[k] > 0)
+            .map(|k| (k, sum[k] as f64 / n[k] as f64 / 1e9, n[k]))
+            .collect()
+    }
+}
+
+fn sums<'a>(turns: impl Iterator<Item = &'a TurnRecord>) -> (u64, u64) {
+    turns.fold((0, 0), |(q, h), t| {
+        (q + t.prompt_len as u64, h + t.hit_tokens as u64)
+    })
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// The gate's admission reasons in table order.
+pub fn reason_names() -> [&'static str; 4] {
+    Reason::ALL.map(Reason::as_str)
+}
+
+impl EngineStats {
+    /// Adds another replica's counters.
+    pub fn add(&mut self, o: &EngineStats) {
+        self.steps += o.steps;
+        self.busy_ns += o.busy_ns;
+        self.prefill_tokens += o.prefill_tokens;
+        self.decode_tokens += o.decode_tokens;
+        self.re_prefilled_tokens += o.re_prefilled_tokens;
+        self.preemptions += o.preemptions;
+        self.query_tokens += o.query_tokens;
+        self.hit_tokens += o.hit_tokens;
+        self.resumed_query_tokens += o.resumed_query_tokens;
+        self.resumed_hit_tokens += o.resumed_hit_tokens;
+        self.pins += o.pins;
+        self.pins_used += o.pins_used;
+        self.pins_expired += o.pins_expired;
+        self.pins_dropped_for_memory += o.pins_dropped_for_memory;
+    }
+}

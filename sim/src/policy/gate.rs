@@ -1,0 +1,343 @@
+//! Drives the real kvgate sans-IO core (`kvgate::core`) in simulated time.
+//!
+//! Nothing of the gate's logic lives here: this is a driver, like the
+//! library's blocking `Gate`, with the event loop in place of threads.
+//! - `Step::ProbeUsage` / `Step::ProbePrefix` become probe events sent to the
+//!   session's replica; their answers come back after the probe latency and
+//!   are fed to `on_usage` / `on_prefix` at the time they arrive.
+//! - `Step::Sleep { until_ns }` becomes a timer event; the core's
+//!   [`Notify`] (called with gate locks held) only records the attempt on a
+//!   "woken" list, which the event loop drains at the current simulated
+//!   time, calling `on_wake`. A timer that finds the attempt already awake
+//!   is stale and ignored.
+
+use std::sync::{Arc, Mutex};
+
+use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
+use kvgate::{AcquireError, GateStats};
+use rustc_hash::FxHashMap;
+
+/// Which probe an attempt asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// `kv_cache_usage`.
+    Usage,
+    /// `prefix_hit_ratio`.
+    Prefix,
+}
+
+/// What the event loop must do for an attempt.
+#[derive(Debug)]
+pub enum Action {
+    /// Send a probe for `session` to its replica; answer with [`GateDriver::on_probe`].
+    Probe {
+        /// Attempt id.
+        id: u64,
+        /// Its session.
+        session: usize,
+        /// Which probe.
+        kind: ProbeKind,
+    },
+    /// Call [`GateDriver::on_timer`] at `at` unless woken before.
+    Timer {
+        /// Attempt id.
+        id: u64,
+        /// Sleep generation, to recognise stale timers.
+        generation: u64,
+        /// Absolute time, ns.
+        at: u64,
+    },
+    /// Admitted: send the turn to the engine, release the lease when it ends.
+    Admitted {
+        /// The session.
+        session: usize,
+        /// Hand back through [`GateDriver::release`].
+        token: LeaseToken,
+    },
+    /// Preempted by a newer attempt of the same session (which carries the turn on).
+    Preempted,
+}
+
+/// Records which attempts the core woke; must not call into the gate.
+struct WakeRecorder {
+    id: u64,
+    woken: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Notify for WakeRecorder {
+    fn notify(&self) {
+        self.woken.lock().expect("not poisoned").push(self.id);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaiting {
+    Probe(ProbeKind),
+    Wake { generation: u64 },
+}
+
+#[derive(Debug)]
+struct Driven {
+    attempt: Attempt,
+    session: usize,
+    awaiting: Awaiting,
+}
+
+/// The kvgate core and the attempts in progress.
+pub struct GateDriver {
+    core: Core,
+    keys: Vec<Vec<u8>>,
+    woken: Arc<Mutex<Vec<u64>>>,
+    attempts: FxHashMap<u64, Driven>,
+    next_id: u64,
+    next_generation: u64,
+}
+
+impl std::fmt::Debug for GateDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GateDriver")
+            .field("core", &self.core)
+            .field("attempts", &self.attempts.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl GateDriver {
+    /// A gate with `config` for `sessions` sessions.
+    pub fn new(config: kvgate::Config, sessions: usize) -> Result<Self, kvgate::ConfigError> {
+        Ok(Self {
+            core: Core::new(config)?,
+            keys: (0..sessions)
+                .map(|s| format!("session-{s}").into_bytes())
+                .collect(),
+            woken: Arc::new(Mutex::new(Vec::new())),
+            attempts: FxHashMap::default(),
+            next_id: 0,
+            next_generation: 0,
+        })
+    }
+
+    /// Begins an attempt for `session`'s turn of `prompt_len` tokens. An
+    /// older attempt of the session still competing is preempted by the core.
+    pub fn begin(&mut self, session: usize, prompt_len: usize, now: u64) -> Action {
+        self.next_id += 1;
+        let id = self.next_id;
+        let notifier = Box::new(WakeRecorder {
+            id,
+            woken: self.woken.clone(),
+        });
+        let mut attempt = self
+            .core
+            .begin(&self.keys[session], prompt_len, now, None, notifier)
+            .expect("the simulated gate is never closed");
+        let step = attempt.start(&self.core, now);
+        self.attempts.insert(
+            id,
+            Driven {
+                attempt,
+                session,
+                awaiting: Awaiting::Probe(ProbeKind::Usage),
+            },
+        );
+        self.handle(id, step)
+    }
+
+    /// Feeds a probe answer that arrived at `now`.
+    pub fn on_probe(&mut self, id: u64, kind: ProbeKind, value: Option<f64>, now: u64) -> Action {
+        let d = self
+            .attempts
+            .get_mut(&id)
+            .expect("a probing attempt is live");
+        assert_eq!(
+            d.awaiting,
+            Awaiting::Probe(kind),
+            "answer to the probe asked"
+        );
+        let step = match kind {
+            ProbeKind::Usage => d.attempt.on_usage(&self.core, value, now),
+            ProbeKind::Prefix => d.attempt.on_prefix(&self.core, value, now),
+        };
+        self.handle(id, step)
+    }
+
+    /// A sleep timer fired; stale timers (the attempt woke meanwhile) do nothing.
+    pub fn on_timer(&mut self, id: u64, generation: u64, now: u64) -> Option<Action> {
+        let d = self.attempts.get_mut(&id)?;
+        if d.awaiting != (Awaiting::Wake { generation }) {
+            return None;
+        }
+        let step = d.attempt.on_wake(&self.core, now);
+        Some(self.handle(id, step))
+    }
+
+    /// Runs every attempt the core woke (and those their progress wakes) at `now`.
+    pub fn drain_woken(&mut self, now: u64, out: &mut Vec<Action>) {
+        loop {
+            let ids = std::mem::take(&mut *self.woken.lock().expect("not poisoned"));
+            if ids.is_empty() {
+                return;
+            }
+            for id in ids {
+                let Some(d) = self.attempts.get_mut(&id) else {
+                    continue; // ended already
+                };
+                // An attempt awaiting a probe answer learns its fate from it.
+                if matches!(d.awaiting, Awaiting::Wake { .. }) {
+                    let step = d.attempt.on_wake(&self.core, now);
+                    out.push(self.handle(id, step));
+                }
+            }
+        }
+    }
+
+    /// Releases a lease when the turn's request ended.
+    pub fn release(&self, token: LeaseToken, now: u64) {
+        self.core.release(token, now);
+    }
+
+    /// Ends a session's ownership window after its last turn.
+    pub fn finish_session(&self, session: usize, now: u64) {
+        self.core.finish_session(&self.keys[session], now);
+    }
+
+    /// The gate's figures at `now`.
+    pub fn stats(&self, now: u64) -> GateStats {
+        self.core.stats(now)
+    }
+
+    /// Attempts in progress.
+    pub fn live_attempts(&self) -> usize {
+        self.attempts.len()
+    }
+
+    fn handle(&mut self, id: u64, step: Step) -> Action {
+        match step {
+            Step::ProbeUsage | Step::ProbePrefix => {
+                let kind = if matches!(step, Step::ProbeUsage) {
+                    ProbeKind::Usage
+                } else {
+                    ProbeKind::Prefix
+                };
+                let d = self.attempts.get_mut(&id).expect("live");
+                d.awaiting = Awaiting::Probe(kind);
+                Action::Probe {
+                    id,
+                    session: d.session,
+                    kind,
+                }
+            }
+            Step::Sleep { until_ns } => {
+                self.next_generation += 1;
+                let generation = self.next_generation;
+                self.attempts.get_mut(&id).expect("live").awaiting = Awaiting::Wake { generation };
+                Action::Timer {
+                    id,
+                    generation,
+                    at: until_ns,
+                }
+            }
+            Step::Admitted(token) => {
+                let d = self.attempts.remove(&id).expect("live");
+                Action::Admitted {
+                    session: d.session,
+                    token,
+                }
+            }
+            Step::Failed(AcquireError::Preempted) => {
+                self.attempts.remove(&id);
+                Action::Preempted
+            }
+            Step::Failed(other) => {
+                unreachable!("no deadline, cancel or close in the simulation: {other}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn driver() -> GateDriver {
+        let config = kvgate::Config {
+            wait_poll: Duration::from_millis(100),
+            idle_grace: Duration::from_millis(500),
+            ..kvgate::Config::default()
+        };
+        GateDriver::new(config, 4).unwrap()
+    }
+
+    fn probe(a: Action) -> (u64, ProbeKind) {
+        match a {
+            Action::Probe { id, kind, .. } => (id, kind),
+            other => panic!("expected a probe, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn open_admission_below_the_watermark() {
+        let mut g = driver();
+        let (id, kind) = probe(g.begin(0, 1000, 0));
+        assert_eq!(kind, ProbeKind::Usage);
+        let Action::Admitted { session, token } = g.on_probe(id, kind, Some(0.2), MS) else {
+            panic!()
+        };
+        assert_eq!(session, 0);
+        assert_eq!(token.admission().reason, kvgate::Reason::Open);
+        g.release(token, 2 * MS);
+        assert_eq!(g.live_attempts(), 0);
+    }
+
+    #[test]
+    fn a_cold_session_sleeps_and_a_release_wakes_it_through_the_list() {
+        let mut g = driver();
+        // Session 0 holds a lease.
+        let (id, k) = probe(g.begin(0, 10, 0));
+        let Action::Admitted { token, .. } = g.on_probe(id, k, Some(0.1), 0) else {
+            panic!()
+        };
+        // Session 1 is cold under pressure: sleeps.
+        let (id1, k) = probe(g.begin(1, 10, MS));
+        assert_eq!(k, ProbeKind::Usage);
+        let (_, k) = probe(g.on_probe(id1, k, Some(0.95), 2 * MS));
+        assert_eq!(k, ProbeKind::Prefix);
+        let Action::Timer { generation, at, .. } = g.on_probe(id1, k, Some(0.1), 3 * MS) else {
+            panic!()
+        };
+        assert_eq!(at, 103 * MS, "poll deadline");
+        // The release records a wake; draining runs on_wake at the same instant.
+        g.release(token, 50 * MS);
+        let mut out = Vec::new();
+        g.drain_woken(50 * MS, &mut out);
+        assert!(matches!(
+            out.as_slice(),
+            [Action::Probe {
+                kind: ProbeKind::Usage,
+                ..
+            }]
+        ));
+        // The old timer is now stale.
+        assert!(g.on_timer(id1, generation, 103 * MS).is_none());
+    }
+
+    #[test]
+    fn a_retry_preempts_the_waiting_attempt() {
+        let mut g = driver();
+        let (id, k) = probe(g.begin(2, 10, 0));
+        let (_, k) = probe(g.on_probe(id, k, Some(0.9), MS));
+        let Action::Timer { .. } = g.on_probe(id, k, Some(0.0), 2 * MS) else {
+            panic!()
+        };
+        let newer = g.begin(2, 10, 10 * MS);
+        assert!(matches!(newer, Action::Probe { .. }));
+        let mut out = Vec::new();
+        g.drain_woken(10 * MS, &mut out);
+        assert!(matches!(out.as_slice(), [Action::Preempted]));
+        assert_eq!(g.stats(10 * MS).preempted, 1);
+        assert_eq!(g.live_attempts(), 1);
+    }
+}

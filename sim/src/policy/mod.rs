@@ -1,0 +1,313 @@
+//! Admission policies compared side by side. Every policy but `kvgate` is
+//! implemented here; `kvgate` is the library's real sans-IO core, driven by
+//! [`gate::GateDriver`].
+//!
+//! - `none`: every turn goes straight to the engine.
+//! - `kvgate`: the seed's admission table (`kvgate::core`), probing the
+//!   session's replica.
+//! - `cap-K`: at most K sessions in flight per replica, from a session's
+//!   first turn to its last (what a user would try first).
+//! - `ttl-pin`: Continuum-style: the engine pins a session's blocks for a
+//!   TTL after each turn (see `engine::pins`); no admission control.
+
+pub mod gate;
+pub mod router;
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::workload::secs_to_ns;
+
+/// What a policy does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicyKind {
+    /// No gate.
+    None,
+    /// The kvgate core with this configuration, probing `probe`.
+    Kvgate {
+        /// The gate's knobs.
+        config: kvgate::Config,
+        /// Which replica answers a session's probes.
+        probe: ProbeTarget,
+    },
+    /// At most this many sessions in flight per replica.
+    Cap(usize),
+    /// Engine-side pins for this long after each turn, ns.
+    TtlPin {
+        /// Pin lifetime, ns.
+        ttl_ns: u64,
+    },
+}
+
+/// Which replica the gate's probes ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeTarget {
+    /// The replica the session is routed to (what the gate needs).
+    SessionReplica,
+    /// Always the first replica: what a stock vLLM DP client does with a
+    /// broadcast UTILITY call (it returns engine 0's answer).
+    FirstReplica,
+}
+
+/// A named policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Label in tables, files and plots.
+    pub name: String,
+    /// Its behaviour.
+    pub kind: PolicyKind,
+}
+
+impl Policy {
+    /// One line describing the policy's parameters.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            PolicyKind::None => "no admission control".into(),
+            PolicyKind::Kvgate { config: c, probe } => format!(
+                "kvgate core: watermark {}, hit threshold {}, idle grace {} s, poll {} s{}",
+                c.high_watermark,
+                c.hit_threshold,
+                c.idle_grace.as_secs_f64(),
+                c.wait_poll.as_secs_f64(),
+                match probe {
+                    ProbeTarget::SessionReplica => "",
+                    ProbeTarget::FirstReplica => "; probes always answered by replica 0",
+                }
+            ),
+            PolicyKind::Cap(k) => format!("at most {k} sessions in flight per replica"),
+            PolicyKind::TtlPin { ttl_ns } => format!(
+                "engine pins a session's blocks for {} s after each turn",
+                *ttl_ns as f64 / 1e9
+            ),
+        }
+    }
+
+    /// Parses the compact form used on the command line:
+    /// `none`, `kvgate`, `kvgate:wm=0.3,hit=0.6,grace=5,poll=0.5`, `cap-8`,
+    /// `ttl-pin`, `ttl-pin:ttl=3`. The name is the text itself.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let (head, args) = match spec.split_once(':') {
+            Some((h, a)) => (h, a),
+            None => (spec, ""),
+        };
+        let mut entry = PolicyEntry {
+            name: Some(spec.to_string()),
+            ..PolicyEntry::default()
+        };
+        let kv: Vec<(&str, &str)> = args
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.split_once('=')
+                    .ok_or(format!("`{s}` in `{spec}`: expected key=value"))
+            })
+            .collect::<Result<_, _>>()?;
+        let num = |v: &str| -> Result<f64, String> {
+            v.parse::<f64>()
+                .map_err(|_| format!("`{v}` in `{spec}` is not a number"))
+        };
+        if let Some(k) = head.strip_prefix("cap-") {
+            entry.kind = "cap".into();
+            entry.sessions = Some(
+                k.parse()
+                    .map_err(|_| format!("`{spec}`: cap-K needs an integer K"))?,
+            );
+        } else {
+            entry.kind = head.to_string();
+        }
+        for (k, v) in kv {
+            match k {
+                "wm" | "high_watermark" => entry.high_watermark = Some(num(v)?),
+                "hit" | "hit_threshold" => entry.hit_threshold = Some(num(v)?),
+                "grace" | "idle_grace_s" => entry.idle_grace_s = Some(num(v)?),
+                "poll" | "wait_poll_s" => entry.wait_poll_s = Some(num(v)?),
+                "ttl" | "ttl_s" => entry.ttl_s = Some(num(v)?),
+                "sessions" => entry.sessions = Some(num(v)? as usize),
+                "probe" => entry.probe = Some(v.to_string()),
+                other => return Err(format!("unknown parameter `{other}` in `{spec}`")),
+            }
+        }
+        entry.into_policy()
+    }
+}
+
+/// A `[[policies]]` table of a scenario file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyEntry {
+    /// Label; defaults to the kind (and K for caps).
+    pub name: Option<String>,
+    /// `none`, `kvgate`, `cap` or `ttl-pin`.
+    pub kind: String,
+    /// kvgate: high watermark.
+    pub high_watermark: Option<f64>,
+    /// kvgate: hit threshold.
+    pub hit_threshold: Option<f64>,
+    /// kvgate: idle grace, seconds.
+    pub idle_grace_s: Option<f64>,
+    /// kvgate: wait poll, seconds.
+    pub wait_poll_s: Option<f64>,
+    /// cap: sessions in flight per replica.
+    pub sessions: Option<usize>,
+    /// ttl-pin: pin lifetime, seconds.
+    pub ttl_s: Option<f64>,
+    /// kvgate: `session-replica` (default) or `first-replica`.
+    pub probe: Option<String>,
+}
+
+impl PolicyEntry {
+    /// Checks the parameters against the kind and builds the policy.
+    pub fn into_policy(self) -> Result<Policy, String> {
+        let gate_knobs = self.high_watermark.is_some()
+            || self.hit_threshold.is_some()
+            || self.idle_grace_s.is_some()
+            || self.wait_poll_s.is_some()
+            || self.probe.is_some();
+        let stray = |what: &str| {
+            Err(format!(
+                "policy `{}`: {what} does not apply to kind `{}`",
+                self.label(),
+                self.kind
+            ))
+        };
+        let kind = match self.kind.as_str() {
+            "none" => {
+                if gate_knobs || self.sessions.is_some() || self.ttl_s.is_some() {
+                    return stray("a parameter");
+                }
+                PolicyKind::None
+            }
+            "kvgate" => {
+                if self.sessions.is_some() || self.ttl_s.is_some() {
+                    return stray("sessions/ttl_s");
+                }
+                let d = kvgate::Config::default();
+                let dur = |field: &'static str,
+                           s: Option<f64>,
+                           def: Duration|
+                 -> Result<Duration, String> {
+                    match s {
+                        None => Ok(def),
+                        Some(v) => kvgate::Config::duration_from_secs(field, v)
+                            .map_err(|e| format!("policy `{}`: {e}", self.label())),
+                    }
+                };
+                let config = kvgate::Config {
+                    high_watermark: self.high_watermark.unwrap_or(d.high_watermark),
+                    hit_threshold: self.hit_threshold.unwrap_or(d.hit_threshold),
+                    idle_grace: dur("idle_grace", self.idle_grace_s, d.idle_grace)?,
+                    wait_poll: dur("wait_poll", self.wait_poll_s, d.wait_poll)?,
+                    ..d
+                };
+                config
+                    .validate()
+                    .map_err(|e| format!("policy `{}`: {e}", self.label()))?;
+                let probe = match self.probe.as_deref() {
+                    None | Some("session-replica") | Some("session") => ProbeTarget::SessionReplica,
+                    Some("first-replica") | Some("first") => ProbeTarget::FirstReplica,
+                    Some(other) => {
+                        return Err(format!(
+                            "policy `{}`: probe `{other}` is not session-replica or first-replica",
+                            self.label()
+                        ))
+                    }
+                };
+                PolicyKind::Kvgate { config, probe }
+            }
+            "cap" => {
+                if gate_knobs || self.ttl_s.is_some() {
+                    return stray("a gate knob/ttl_s");
+                }
+                match self.sessions {
+                    Some(k) if k > 0 => PolicyKind::Cap(k),
+                    _ => return Err(format!("policy `{}`: cap needs sessions > 0", self.label())),
+                }
+            }
+            "ttl-pin" => {
+                if gate_knobs || self.sessions.is_some() {
+                    return stray("a gate knob/sessions");
+                }
+                let ttl = self.ttl_s.unwrap_or(2.0);
+                if !(ttl > 0.0 && ttl.is_finite()) {
+                    return Err(format!("policy `{}`: ttl_s must be > 0", self.label()));
+                }
+                PolicyKind::TtlPin {
+                    ttl_ns: secs_to_ns(ttl),
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown policy kind `{other}` (none, kvgate, cap, ttl-pin)"
+                ))
+            }
+        };
+        Ok(Policy {
+            name: self.label(),
+            kind,
+        })
+    }
+
+    fn label(&self) -> String {
+        match (&self.name, self.kind.as_str(), self.sessions) {
+            (Some(n), _, _) => n.clone(),
+            (None, "cap", Some(k)) => format!("cap-{k}"),
+            (None, kind, _) => kind.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compact_specs_parse() {
+        assert_eq!(Policy::parse("none").unwrap().kind, PolicyKind::None);
+        assert_eq!(Policy::parse("cap-8").unwrap().kind, PolicyKind::Cap(8));
+        assert_eq!(
+            Policy::parse("ttl-pin:ttl=3").unwrap().kind,
+            PolicyKind::TtlPin {
+                ttl_ns: 3_000_000_000
+            }
+        );
+        let PolicyKind::Kvgate { config: c, .. } =
+            Policy::parse("kvgate:wm=0.3,hit=0.6,grace=5,poll=0.5")
+                .unwrap()
+                .kind
+        else {
+            panic!()
+        };
+        assert_eq!((c.high_watermark, c.hit_threshold), (0.3, 0.6));
+        assert_eq!(
+            (c.idle_grace, c.wait_poll),
+            (Duration::from_secs(5), Duration::from_millis(500))
+        );
+        let PolicyKind::Kvgate { config: d, probe } = Policy::parse("kvgate").unwrap().kind else {
+            panic!()
+        };
+        assert_eq!(d, kvgate::Config::default());
+        assert_eq!(probe, ProbeTarget::SessionReplica);
+        let PolicyKind::Kvgate { probe, .. } = Policy::parse("kvgate:probe=first").unwrap().kind
+        else {
+            panic!()
+        };
+        assert_eq!(probe, ProbeTarget::FirstReplica);
+    }
+
+    #[test]
+    fn bad_specs_are_refused() {
+        for bad in [
+            "cap-x",
+            "cap-0",
+            "kvgate:wm=2",
+            "kvgate:poll=0",
+            "none:ttl=1",
+            "cap-3:wm=0.5",
+            "fifo",
+            "kvgate:wm",
+        ] {
+            assert!(Policy::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! The printed comparison table and the CSV/JSON files.
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::metrics::{reason_names, RunResult, Summary};
+use crate::scenario::Scenario;
+
+/// Column headers of the printed table, with what each means.
+pub const LEGEND: &str = "\
+hit%: prefix-cache hit rate (hit / prompt tokens at first scheduling); last1/3: same over the last third of the run
+makespan: rollout step wall time; tok/s: generated tokens per second; prefill/re-prefill: Mtokens computed / of those recomputed
+preempt: engine preemptions; waits/wait s: turns that waited at the policy (gate sleeps or cap slots) and their total wait
+retries: turns re-issued by impatient clients; att.pre: gate attempts preempted by a newer attempt of their session
+probes/adm: gate probe calls per admission; late/early: mean latency of each session's last 3 turns over its first 3";
+
+/// The comparison table, one row per policy.
+pub fn table(rows: &[Summary]) -> String {
+    let header = [
+        "policy",
+        "hit%",
+        "last1/3",
+        "makespan",
+        "tok/s",
+        "prefill",
+        "re-prefill",
+        "preempt",
+        "waits",
+        "wait s",
+        "retries",
+        "att.pre",
+        "probes/adm",
+        "late/early",
+    ];
+    let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    for r in rows {
+        let dnf = if r.finished { "" } else { " (unfinished)" };
+        cells.push(vec![
+            format!("{}{dnf}", r.policy),
+            format!("{:.1}", r.hit_rate * 100.0),
+            format!("{:.1}", r.hit_rate_last_third * 100.0),
+            format!("{:.1} s", r.makespan_s),
+            format!("{:.0}", r.gen_tok_per_s),
+            format!("{:.2}", r.prefilled_tokens as f64 / 1e6),
+            format!("{:.2}", r.re_prefilled_tokens as f64 / 1e6),
+            r.engine_preemptions.to_string(),
+            r.waits.to_string(),
+            format!("{:.0}", r.wait_s),
+            r.reissues.to_string(),
+            r.attempts_preempted.to_string(),
+            if r.probes_per_admission > 0.0 {
+                format!("{:.2}", r.probes_per_admission)
+            } else {
+                "-".into()
+            },
+            format!("{:.2}", r.late_turn_slowdown),
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            cells
+                .iter()
+                .map(|row| row[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for (i, row) in cells.iter().enumerate() {
+        for (c, cell) in row.iter().enumerate() {
+            let pad = widths[c] - cell.chars().count();
+            if c == 0 {
+                let _ = write!(out, "{cell}{}", " ".repeat(pad));
+            } else {
+                let _ = write!(out, "  {}{cell}", " ".repeat(pad));
+            }
+        }
+        out.push('\n');
+        if i == 0 {
+            let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
+            out.push_str(&"-".repeat(total));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The same table as Markdown (for the README and reports).
+pub fn markdown(rows: &[Summary]) -> String {
+    let mut out = String::from(
+        "| policy | hit % | hit % last ⅓ | makespan | gen tok/s | prefilled Mtok | re-prefilled Mtok | engine preemptions | waits | wait s | retries | attempts preempted | probes/adm | late/early |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {}{} | {:.1} | {:.1} | {:.1} s | {:.0} | {:.2} | {:.2} | {} | {} | {:.0} | {} | {} | {} | {:.2} |",
+            r.policy,
+            if r.finished { "" } else { " (unfinished)" },
+            r.hit_rate * 100.0,
+            r.hit_rate_last_third * 100.0,
+            r.makespan_s,
+            r.gen_tok_per_s,
+            r.prefilled_tokens as f64 / 1e6,
+            r.re_prefilled_tokens as f64 / 1e6,
+            r.engine_preemptions,
+            r.waits,
+            r.wait_s,
+            r.reissues,
+            r.attempts_preempted,
+            if r.probes_per_admission > 0.0 {
+                format!("{:.2}", r.probes_per_admission)
+            } else {
+                "-".into()
+            },
+            r.late_turn_slowdown
+        );
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct JsonRun<'a> {
+    summary: &'a Summary,
+    description: String,
+    engine: &'a crate::engine::EngineStats,
+    gate: Option<JsonGate>,
+}
+
+#[derive(Serialize)]
+struct JsonGate {
+    admissions_by_reason: Vec<(&'static str, u64)>,
+    attempts: u64,
+    waits: u64,
+    wait_s: f64,
+    preempted: u64,
+    usage_probe_calls: u64,
+    prefix_probe_calls: u64,
+    grace_expired: u64,
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    scenario: &'a str,
+    description: &'a str,
+    seed: u64,
+    runs: Vec<JsonRun<'a>>,
+}
+
+/// Writes `summary.csv`, `summary.md`, `summary.json`, `turns.csv`, `hit_rate_over_time.csv`
+/// and `latency_by_turn.csv` into `dir`.
+pub fn write_files(
+    dir: &Path,
+    scenario: &Scenario,
+    seed: u64,
+    runs: &[RunResult],
+    rows: &[Summary],
+    bucket_ns: u64,
+) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut csv = String::from(
+        "policy,finished,hit_rate,hit_rate_last_third,makespan_s,gen_tok_per_s,prefilled_tokens,re_prefilled_tokens,engine_preemptions,waits,wait_s,attempts_preempted,reissues,probes_per_admission,mean_turn_latency_s,early_turn_latency_s,late_turn_latency_s,late_turn_slowdown",
+    );
+    for name in reason_names() {
+        let _ = write!(csv, ",admitted_{name}");
+    }
+    csv.push('\n');
+    for r in rows {
+        let _ = write!(
+            csv,
+            "{},{},{:.6},{:.6},{:.3},{:.1},{},{},{},{},{:.3},{},{},{:.4},{:.4},{:.4},{:.4},{:.4}",
+            r.policy,
+            r.finished,
+            r.hit_rate,
+            r.hit_rate_last_third,
+            r.makespan_s,
+            r.gen_tok_per_s,
+            r.prefilled_tokens,
+            r.re_prefilled_tokens,
+            r.engine_preemptions,
+            r.waits,
+            r.wait_s,
+            r.attempts_preempted,
+            r.reissues,
+            r.probes_per_admission,
+            r.mean_turn_latency_s,
+            r.early_turn_latency_s,
+            r.late_turn_latency_s,
+            r.late_turn_slowdown
+        );
+        for n in r.admissions_by_reason {
+            let _ = write!(csv, ",{n}");
+        }
+        csv.push('\n');
+    }
+    std::fs::write(dir.join("summary.csv"), csv)?;
+    std::fs::write(dir.join("summary.md"), markdown(rows))?;
+
+    let report = JsonReport {
+        scenario: &scenario.name,
+        description: &scenario.description,
+        seed,
+        runs: runs
+            .iter()
+            .zip(rows)
+            .map(|(run, summary)| JsonRun {
+                summary,
+                description: run.policy.describe(),
+                engine: &run.engine,
+                gate: run.gate.as_ref().map(|g| JsonGate {
+                    admissions_by_reason: reason_names()
+                        .into_iter()
+                        .zip(g.admissions_by_reason)
+                        .collect(),
+                    attempts: g.attempts,
+                    waits: g.waits,
+                    wait_s: g.wait_time.as_secs_f64(),
+                    preempted: g.preempted,
+                    usage_probe_calls: g.usage_probe_calls,
+                    prefix_probe_calls: g.prefix_probe_calls,
+                    grace_expired: g.grace_expired,
+                }),
+            })
+            .collect(),
+    };
+    let json = serde_json::to_string_pretty(&report).map_err(io::Error::other)?;
+    std::fs::write(dir.join("summary.json"), json + "\n")?;
+
+    let mut turns = String::from(
+        "policy,session,turn,last,issued_s,first_scheduled_s,completed_s,latency_s,prompt_len,hit_tokens,prefilled,re_prefilled,output_len,reissues,engine_preemptions\n",
+    );
+    for run in runs {
+        for t in &run.turns {
+            let _ = writeln!(
+                turns,
+                "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{}",
+                run.policy.name,
+                t.session,
+                t.turn,
+                t.last,
+                t.issued_ns as f64 / 1e9,
+                t.first_scheduled_ns as f64 / 1e9,
+                t.completed_ns as f64 / 1e9,
+                t.latency_ns() as f64 / 1e9,
+                t.prompt_len,
+                t.hit_tokens,
+                t.prefilled,
+                t.re_prefilled,
+                t.output_len,
+                t.reissues,
+                t.engine_preemptions
+            );
+        }
+    }
+    std::fs::write(dir.join("turns.csv"), turns)?;
+
+    let mut hits = String::from("policy,time_s,hit_rate\n");
+    let mut lat = String::from("policy,turn,mean_latency_s,turns\n");
+    for run in runs {
+        for (t, h) in run.hit_rate_over_time(bucket_ns) {
+            let _ = writeln!(hits, "{},{t:.3},{h:.6}", run.policy.name);
+        }
+        for (k, l, n) in run.latency_by_turn() {
+            let _ = writeln!(lat, "{},{k},{l:.6},{n}", run.policy.name);
+        }
+    }
+    std::fs::write(dir.join("hit_rate_over_time.csv"), hits)?;
+    std::fs::write(dir.join("latency_by_turn.csv"), lat)?;
+    Ok(())
+}

@@ -1,0 +1,550 @@
+//! The discrete-event loop: sessions, policies and replicas in simulated time.
+//!
+//! A turn's life: its tool returns (or the rollout starts) → the policy
+//! admits it (at once, after a cap slot frees, or through the kvgate core's
+//! probes and sleeps) → it joins its replica's waiting queue → the engine
+//! schedules, prefills and decodes it step by step → its last token ends the
+//! request, the lease is released, and the next tool call starts (or the
+//! session finishes). Probes travel half the probe round trip each way and
+//! are served between engine steps, as UTILITY calls are.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use crate::engine::pins::PinTicket;
+use crate::engine::{EngineConfig, EngineStats, Finished, NewRequest, Replica, ReqId};
+use crate::events::EventQueue;
+use crate::metrics::{RunResult, TurnRecord};
+use crate::policy::gate::{Action, GateDriver, ProbeKind};
+use crate::policy::router::Router;
+use crate::policy::{Policy, PolicyKind, ProbeTarget};
+use crate::workload::Workload;
+use kvgate::core::LeaseToken;
+
+/// Where the engines run and how far the probes travel.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Deployment {
+    /// Shape and cost of each replica.
+    pub engine: EngineConfig,
+    /// Number of replicas.
+    pub replicas: usize,
+    /// Probe round trip (client → engine → client), ns; served between steps.
+    pub probe_rtt_ns: u64,
+    /// A run still going at this simulated time is stopped and reported unfinished.
+    pub time_limit_ns: u64,
+}
+
+#[derive(Debug)]
+enum Event {
+    /// Start a step on an idle replica if it has work.
+    Kick(usize),
+    StepDone(usize),
+    /// A session's next turn is ready (its tool returned, or the rollout began).
+    TurnReady(usize),
+    ProbeAtEngine {
+        replica: usize,
+        id: u64,
+        kind: ProbeKind,
+        session: usize,
+    },
+    ProbeAnswer {
+        id: u64,
+        kind: ProbeKind,
+        value: f64,
+    },
+    GateTimer {
+        id: u64,
+        generation: u64,
+    },
+    RetryCheck {
+        session: usize,
+        turn: usize,
+        issue: u32,
+    },
+    PinExpiry {
+        replica: usize,
+        session: usize,
+        ticket: PinTicket,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    NotStarted,
+    Tool,
+    AtPolicy,
+    InEngine(ReqId),
+    Done,
+}
+
+#[derive(Debug)]
+struct SessionState {
+    replica: Option<usize>,
+    turn: usize,
+    phase: Phase,
+    issue: u32,
+    lease: Option<LeaseToken>,
+    issued_ns: u64,
+    first_scheduled: Option<(u64, usize)>,
+}
+
+struct Sim<'a> {
+    now: u64,
+    events: EventQueue<Event>,
+    deployment: Deployment,
+    workload: &'a Workload,
+    policy: &'a Policy,
+    replicas: Vec<Replica>,
+    kick_pending: Vec<bool>,
+    queued_probes: Vec<Vec<(u64, ProbeKind, usize)>>,
+    router: Router,
+    sessions: Vec<SessionState>,
+    gate: Option<GateDriver>,
+    cap_queue: VecDeque<usize>,
+    next_request: ReqId,
+    turns: Vec<TurnRecord>,
+    sessions_done: usize,
+    last_finish_ns: u64,
+    slot_waits: u64,
+    slot_wait_ns: u64,
+    reissues: u64,
+    actions: Vec<Action>,
+}
+
+/// Runs one policy over `workload` on `deployment`. Deterministic.
+pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> RunResult {
+    let started = Instant::now();
+    let n = workload.sessions.len();
+    let max = workload.max_request_tokens();
+    assert!(
+        max.div_ceil(deployment.engine.block_size) < deployment.engine.num_gpu_blocks,
+        "the longest request ({max} tokens) cannot fit one replica's KV cache"
+    );
+    let pinning = matches!(policy.kind, PolicyKind::TtlPin { .. });
+    let gate = match &policy.kind {
+        PolicyKind::Kvgate { config, .. } => {
+            Some(GateDriver::new(config.clone(), n).expect("validated config"))
+        }
+        _ => None,
+    };
+    let mut sim = Sim {
+        now: 0,
+        events: EventQueue::default(),
+        deployment: *deployment,
+        workload,
+        policy,
+        replicas: (0..deployment.replicas)
+            .map(|_| Replica::new(deployment.engine, pinning))
+            .collect(),
+        kick_pending: vec![false; deployment.replicas],
+        queued_probes: vec![Vec::new(); deployment.replicas],
+        router: Router::new(deployment.replicas),
+        sessions: (0..n)
+            .map(|_| SessionState {
+                replica: None,
+                turn: 0,
+                phase: Phase::NotStarted,
+                issue: 0,
+                lease: None,
+                issued_ns: 0,
+                first_scheduled: None,
+            })
+            .collect(),
+        gate,
+        cap_queue: VecDeque::new(),
+        next_request: 0,
+        turns: Vec::with_capacity(workload.num_turns()),
+        sessions_done: 0,
+        last_finish_ns: 0,
+        slot_waits: 0,
+        slot_wait_ns: 0,
+        reissues: 0,
+        actions: Vec::new(),
+    };
+    for s in 0..n {
+        sim.events.push(0, Event::TurnReady(s));
+    }
+    let mut finished = true;
+    while let Some((at, event)) = sim.events.pop() {
+        if at > deployment.time_limit_ns {
+            finished = false;
+            sim.now = deployment.time_limit_ns;
+            break;
+        }
+        debug_assert!(at >= sim.now, "time runs forward");
+        sim.now = at;
+        sim.dispatch(event);
+        sim.drain_gate();
+        if sim.sessions_done == n {
+            break;
+        }
+    }
+    finished &= sim.sessions_done == n;
+    let mut engine = EngineStats::default();
+    for r in &sim.replicas {
+        engine.add(&r.stats());
+    }
+    RunResult {
+        policy: policy.clone(),
+        makespan_ns: if finished {
+            sim.last_finish_ns
+        } else {
+            sim.now
+        },
+        finished,
+        engine,
+        gate: sim.gate.as_ref().map(|g| g.stats(sim.now)),
+        slot_waits: sim.slot_waits,
+        slot_wait_ns: sim.slot_wait_ns,
+        reissues: sim.reissues,
+        turns: sim.turns,
+        wall_ms: started.elapsed().as_secs_f64() * 1e3,
+    }
+}
+
+impl Sim<'_> {
+    fn dispatch(&mut self, event: Event) {
+        match event {
+            Event::Kick(r) => self.kick_now(r),
+            Event::StepDone(r) => self.step_done(r),
+            Event::TurnReady(s) => self.turn_ready(s),
+            Event::ProbeAtEngine {
+                replica,
+                id,
+                kind,
+                session,
+            } => {
+                if self.replicas[replica].is_busy() {
+                    self.queued_probes[replica].push((id, kind, session));
+                } else {
+                    self.answer_probe(replica, id, kind, session);
+                }
+            }
+            Event::ProbeAnswer { id, kind, value } => {
+                let gate = self.gate.as_mut().expect("gate policy");
+                let action = gate.on_probe(id, kind, Some(value), self.now);
+                self.carry_out(action);
+            }
+            Event::GateTimer { id, generation } => {
+                let gate = self.gate.as_mut().expect("gate policy");
+                if let Some(action) = gate.on_timer(id, generation, self.now) {
+                    self.carry_out(action);
+                }
+            }
+            Event::RetryCheck {
+                session,
+                turn,
+                issue,
+            } => self.retry_check(session, turn, issue),
+            Event::PinExpiry {
+                replica,
+                session,
+                ticket,
+            } => {
+                if self.replicas[replica].expire_pin(session, ticket) {
+                    self.kick(replica);
+                }
+            }
+        }
+    }
+
+    /// Runs whatever the core woke during the last event, at the same instant.
+    fn drain_gate(&mut self) {
+        let Some(gate) = self.gate.as_mut() else {
+            return;
+        };
+        let mut actions = std::mem::take(&mut self.actions);
+        gate.drain_woken(self.now, &mut actions);
+        for action in actions.drain(..) {
+            self.carry_out(action);
+        }
+        self.actions = actions;
+    }
+
+    fn carry_out(&mut self, action: Action) {
+        match action {
+            Action::Probe { id, session, kind } => {
+                let replica = match self.policy.kind {
+                    PolicyKind::Kvgate {
+                        probe: ProbeTarget::FirstReplica,
+                        ..
+                    } => 0,
+                    _ => self.sessions[session]
+                        .replica
+                        .expect("routed before probing"),
+                };
+                self.events.push(
+                    self.now + self.deployment.probe_rtt_ns / 2,
+                    Event::ProbeAtEngine {
+                        replica,
+                        id,
+                        kind,
+                        session,
+                    },
+                );
+            }
+            Action::Timer { id, generation, at } => {
+                self.events
+                    .push(at.max(self.now), Event::GateTimer { id, generation });
+            }
+            Action::Admitted { session, token } => {
+                debug_assert_eq!(self.sessions[session].phase, Phase::AtPolicy);
+                self.sessions[session].lease = Some(token);
+                self.submit(session);
+            }
+            Action::Preempted => {}
+        }
+    }
+
+    fn answer_probe(&mut self, replica: usize, id: u64, kind: ProbeKind, session: usize) {
+        let r = &self.replicas[replica];
+        let value = match kind {
+            ProbeKind::Usage => r.usage(),
+            ProbeKind::Prefix => {
+                let s = &self.workload.sessions[session];
+                let turn = self.sessions[session].turn;
+                r.prefix_hit_ratio(&s.hashes, s.turns[turn].prompt_len)
+            }
+        };
+        let back = self.deployment.probe_rtt_ns - self.deployment.probe_rtt_ns / 2;
+        self.events
+            .push(self.now + back, Event::ProbeAnswer { id, kind, value });
+    }
+
+    fn turn_ready(&mut self, s: usize) {
+        let st = &mut self.sessions[s];
+        debug_assert!(matches!(st.phase, Phase::NotStarted | Phase::Tool));
+        st.issued_ns = self.now;
+        st.issue = 0;
+        st.first_scheduled = None;
+        let turn = st.turn;
+        if self.workload.sessions[s].turns[turn].impatient && self.workload.max_retries > 0 {
+            self.events.push(
+                self.now + self.workload.retry_after_ns,
+                Event::RetryCheck {
+                    session: s,
+                    turn,
+                    issue: 0,
+                },
+            );
+        }
+        self.issue_turn(s);
+    }
+
+    /// Hands the session's current turn to the policy.
+    fn issue_turn(&mut self, s: usize) {
+        self.sessions[s].phase = Phase::AtPolicy;
+        match &self.policy.kind {
+            PolicyKind::None | PolicyKind::TtlPin { .. } => {
+                self.route(s);
+                self.submit(s);
+            }
+            PolicyKind::Cap(k) => {
+                let k = *k;
+                if self.sessions[s].replica.is_some() {
+                    self.submit(s);
+                } else if let Some(r) = self.router.assign_below(k) {
+                    self.sessions[s].replica = Some(r);
+                    self.submit(s);
+                } else {
+                    self.cap_queue.push_back(s);
+                }
+            }
+            PolicyKind::Kvgate { .. } => {
+                self.route(s);
+                let prompt_len = self.workload.sessions[s].turns[self.sessions[s].turn].prompt_len;
+                let action = self
+                    .gate
+                    .as_mut()
+                    .expect("gate")
+                    .begin(s, prompt_len, self.now);
+                self.carry_out(action);
+            }
+        }
+    }
+
+    fn route(&mut self, s: usize) {
+        if self.sessions[s].replica.is_none() {
+            self.sessions[s].replica = Some(self.router.assign());
+        }
+    }
+
+    /// Sends the session's current turn to its replica's waiting queue.
+    fn submit(&mut self, s: usize) {
+        let session = &self.workload.sessions[s];
+        let st = &mut self.sessions[s];
+        let turn = session.turns[st.turn];
+        let replica = st.replica.expect("routed");
+        self.next_request += 1;
+        let id = self.next_request;
+        st.phase = Phase::InEngine(id);
+        let last = st.turn + 1 == session.turns.len();
+        self.replicas[replica].add(NewRequest {
+            id,
+            session: s,
+            turn: st.turn,
+            hashes: session.hashes.clone(),
+            prompt_len: turn.prompt_len,
+            max_output: turn.output_len,
+            pin_after: !last,
+        });
+        self.kick(replica);
+    }
+
+    /// Asks for a step at the current instant, after the events already due
+    /// now (so requests arriving together are scheduled together).
+    fn kick(&mut self, r: usize) {
+        if !self.kick_pending[r] && !self.replicas[r].is_busy() {
+            self.kick_pending[r] = true;
+            self.events.push(self.now, Event::Kick(r));
+        }
+    }
+
+    fn kick_now(&mut self, r: usize) {
+        self.kick_pending[r] = false;
+        let replica = &mut self.replicas[r];
+        if replica.is_busy() || !replica.has_work() {
+            return;
+        }
+        let Some(plan) = replica.begin_step() else {
+            return; // nothing fits; a free, an expiry or an arrival kicks again
+        };
+        for f in &plan.first_scheduled {
+            self.sessions[f.session].first_scheduled = Some((self.now, f.hit_tokens));
+        }
+        self.events
+            .push(self.now + plan.duration_ns, Event::StepDone(r));
+    }
+
+    fn step_done(&mut self, r: usize) {
+        let finished = self.replicas[r].end_step(self.now);
+        // Probes that arrived during the step are served between steps.
+        for (id, kind, session) in std::mem::take(&mut self.queued_probes[r]) {
+            self.answer_probe(r, id, kind, session);
+        }
+        for f in finished {
+            self.turn_complete(r, f);
+        }
+        self.kick(r);
+    }
+
+    fn turn_complete(&mut self, r: usize, f: Finished) {
+        let s = f.session;
+        let session = &self.workload.sessions[s];
+        let st = &mut self.sessions[s];
+        assert_eq!(
+            st.phase,
+            Phase::InEngine(f.id),
+            "the session's live request"
+        );
+        let turn = session.turns[st.turn];
+        let last = st.turn + 1 == session.turns.len();
+        let (first_ns, hit) = st.first_scheduled.expect("scheduled before finishing");
+        self.turns.push(TurnRecord {
+            session: s,
+            turn: st.turn,
+            last,
+            issued_ns: st.issued_ns,
+            first_scheduled_ns: first_ns,
+            completed_ns: self.now,
+            prompt_len: turn.prompt_len,
+            hit_tokens: hit,
+            prefilled: f.prefilled,
+            re_prefilled: f.re_prefilled,
+            output_len: turn.output_len,
+            reissues: st.issue,
+            engine_preemptions: f.preemptions,
+        });
+        let lease = st.lease.take();
+        if let (Some(ticket), PolicyKind::TtlPin { ttl_ns }) = (f.pinned, &self.policy.kind) {
+            self.events.push(
+                self.now + ttl_ns,
+                Event::PinExpiry {
+                    replica: r,
+                    session: s,
+                    ticket,
+                },
+            );
+        }
+        if let (Some(gate), Some(token)) = (self.gate.as_ref(), lease) {
+            gate.release(token, self.now);
+        }
+        if last {
+            self.finish_session(s, r);
+        } else {
+            let st = &mut self.sessions[s];
+            st.phase = Phase::Tool;
+            st.turn += 1;
+            self.events
+                .push(self.now + turn.tool_ns, Event::TurnReady(s));
+        }
+    }
+
+    fn finish_session(&mut self, s: usize, r: usize) {
+        self.sessions[s].phase = Phase::Done;
+        self.sessions_done += 1;
+        self.last_finish_ns = self.now;
+        if let Some(gate) = self.gate.as_ref() {
+            gate.finish_session(s, self.now);
+        }
+        self.router.release(r);
+        if let PolicyKind::Cap(k) = self.policy.kind {
+            while let Some(&q) = self.cap_queue.front() {
+                let Some(replica) = self.router.assign_below(k) else {
+                    break;
+                };
+                self.cap_queue.pop_front();
+                let st = &mut self.sessions[q];
+                st.replica = Some(replica);
+                // The session starts now: its first turn's latency counts from here.
+                self.slot_waits += 1;
+                self.slot_wait_ns += self.now - st.issued_ns;
+                st.issued_ns = self.now;
+                self.submit(q);
+            }
+        }
+    }
+
+    /// An impatient client re-issues its turn if it has not started running.
+    fn retry_check(&mut self, s: usize, turn: usize, issue: u32) {
+        let st = &self.sessions[s];
+        if st.turn != turn || st.issue != issue {
+            return;
+        }
+        let waiting = match st.phase {
+            // A session waiting for a cap slot has sent nothing yet.
+            Phase::AtPolicy => !matches!(self.policy.kind, PolicyKind::Cap(_)),
+            Phase::InEngine(id) => {
+                let replica = st.replica.expect("routed");
+                self.replicas[replica].is_unscheduled(id)
+            }
+            Phase::NotStarted | Phase::Tool | Phase::Done => false,
+        };
+        if !waiting {
+            return;
+        }
+        self.reissues += 1;
+        let st = &mut self.sessions[s];
+        st.issue += 1;
+        let next_issue = st.issue;
+        if let Phase::InEngine(id) = st.phase {
+            let replica = st.replica.expect("routed");
+            assert!(self.replicas[replica].abort_unscheduled(id));
+            if let (Some(gate), Some(token)) = (self.gate.as_ref(), st.lease.take()) {
+                gate.release(token, self.now);
+            }
+        }
+        // Under kvgate a waiting attempt is preempted by this newer one.
+        self.issue_turn(s);
+        if next_issue < self.workload.max_retries {
+            self.events.push(
+                self.now + self.workload.retry_after_ns,
+                Event::RetryCheck {
+                    session: s,
+                    turn,
+                    issue: next_issue,
+                },
+            );
+        }
+    }
+}

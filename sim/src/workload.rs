@@ -1,0 +1,385 @@
+//! The rollout step being simulated: N agent sessions that start together,
+//! each a chain of turns. Turn k sends the whole history (a system prompt
+//! shared by every session, the session's task, every earlier output and
+//! tool result), generates O tokens, then calls a tool that takes L seconds
+//! and returns R tokens.
+//!
+//! Prompts are real token sequences, hashed into vLLM-style block chains, so
+//! prefix hits and misses are genuine: two sessions share exactly the
+//! system prompt's blocks. The whole stream of a session is drawn up front
+//! (outputs included, as if sampling were deterministic), so every policy
+//! sees the very same workload for a seed. Draws use ChaCha8 (value-stable
+//! by contract) and an exactly pinned `rand_distr`; lognormals go through
+//! the platform's `exp`, so figures are bit-identical for a seed on one
+//! platform (in practice across x86-64/aarch64 Linux too, not guaranteed).
+
+use std::rc::Rc;
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, LogNormal};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::hashing::{self, BlockHash};
+
+/// Inclusive integer range, drawn uniformly.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Uniform {
+    /// Smallest value.
+    pub min: usize,
+    /// Largest value.
+    pub max: usize,
+}
+
+impl Uniform {
+    fn sample(&self, rng: &mut ChaCha8Rng) -> usize {
+        rng.random_range(self.min..=self.max)
+    }
+}
+
+/// A lognormal given by its median and the sigma of its log, clamped.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogNormalSpec {
+    /// Median (the lognormal's `exp(mu)`).
+    pub median: f64,
+    /// Standard deviation of the log.
+    pub sigma: f64,
+    /// Lower clamp.
+    pub min: f64,
+    /// Upper clamp.
+    pub max: f64,
+}
+
+impl LogNormalSpec {
+    fn sample(&self, rng: &mut ChaCha8Rng) -> f64 {
+        let d = LogNormal::new(self.median.ln(), self.sigma).expect("validated");
+        d.sample(rng).clamp(self.min, self.max)
+    }
+
+    fn validate(&self, what: &str) -> Result<(), String> {
+        let ok = self.median > 0.0
+            && self.median.is_finite()
+            && self.sigma >= 0.0
+            && self.sigma.is_finite()
+            && self.min <= self.max
+            && self.min >= 0.0;
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("{what}: invalid lognormal {self:?}"))
+        }
+    }
+}
+
+/// A scenario's `[workload]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadConfig {
+    /// Sessions in the rollout step, all starting at time zero.
+    pub sessions: usize,
+    /// Turns per session.
+    pub turns: Uniform,
+    /// Tokens of the system prompt every session shares.
+    pub system_prompt_tokens: usize,
+    /// Tokens of each session's own task statement.
+    pub task_tokens: Uniform,
+    /// Tokens generated per turn.
+    pub output_tokens: LogNormalSpec,
+    /// Tokens a tool call returns.
+    pub tool_result_tokens: LogNormalSpec,
+    /// Seconds a tool call takes.
+    pub tool_latency_s: LogNormalSpec,
+    /// Probability that a turn's client is impatient and retries it.
+    #[serde(default)]
+    pub retry_probability: f64,
+    /// How long an impatient client waits for its turn to start running
+    /// before it re-issues it, seconds.
+    #[serde(default = "default_retry_after")]
+    pub retry_after_s: f64,
+    /// Most re-issues of one turn.
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+    /// Token ids are drawn below this.
+    #[serde(default = "default_vocab")]
+    pub vocab: u32,
+}
+
+fn default_retry_after() -> f64 {
+    5.0
+}
+fn default_max_retries() -> u32 {
+    3
+}
+fn default_vocab() -> u32 {
+    128_256 // Llama 3
+}
+
+impl WorkloadConfig {
+    /// Refuses parameters that cannot describe a rollout.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.sessions == 0 {
+            return Err("workload.sessions must be > 0".into());
+        }
+        if self.turns.min == 0 || self.turns.min > self.turns.max {
+            return Err("workload.turns must be 1 <= min <= max".into());
+        }
+        if self.task_tokens.min > self.task_tokens.max {
+            return Err("workload.task_tokens must have min <= max".into());
+        }
+        if self.system_prompt_tokens + self.task_tokens.min == 0 {
+            return Err("the first prompt would be empty".into());
+        }
+        self.output_tokens.validate("workload.output_tokens")?;
+        if self.output_tokens.max < 1.0 {
+            return Err("workload.output_tokens.max must be >= 1".into());
+        }
+        self.tool_result_tokens
+            .validate("workload.tool_result_tokens")?;
+        self.tool_latency_s.validate("workload.tool_latency_s")?;
+        if !(0.0..=1.0).contains(&self.retry_probability) {
+            return Err("workload.retry_probability must be in [0, 1]".into());
+        }
+        if !(self.retry_after_s > 0.0 && self.retry_after_s.is_finite()) {
+            return Err("workload.retry_after_s must be > 0".into());
+        }
+        if self.vocab < 2 {
+            return Err("workload.vocab must be >= 2".into());
+        }
+        Ok(())
+    }
+}
+
+/// One turn of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn {
+    /// Tokens sent (the whole history so far).
+    pub prompt_len: usize,
+    /// Tokens generated.
+    pub output_len: usize,
+    /// Tokens the tool returns after this turn (0 after the last).
+    pub tool_result_len: usize,
+    /// Tool latency after this turn, ns (0 after the last).
+    pub tool_ns: u64,
+    /// Whether this turn's client retries it if it has not started running in time.
+    pub impatient: bool,
+}
+
+/// One agent session.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// Chained block hashes of the session's whole token stream.
+    pub hashes: Rc<[BlockHash]>,
+    /// Its turns, in order.
+    pub turns: Vec<Turn>,
+}
+
+impl Session {
+    /// Tokens of the longest request (last prompt plus last output).
+    pub fn max_request_tokens(&self) -> usize {
+        let last = self.turns.last().expect("at least one turn");
+        last.prompt_len + last.output_len
+    }
+}
+
+/// The sessions of one rollout step.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// All sessions.
+    pub sessions: Vec<Session>,
+    /// Seconds an impatient client waits before re-issuing.
+    pub retry_after_ns: u64,
+    /// Most re-issues of one turn.
+    pub max_retries: u32,
+}
+
+impl Workload {
+    /// Draws the workload for `seed` (independent of any policy): session `i`
+    /// uses ChaCha8 stream `i + 1` and the shared system prompt stream 0, so
+    /// adding sessions does not change the existing ones.
+    pub fn generate(cfg: &WorkloadConfig, block_size: usize, seed: u64) -> Self {
+        let mut sys_rng = ChaCha8Rng::seed_from_u64(seed);
+        sys_rng.set_stream(0);
+        let system: Vec<u32> = (0..cfg.system_prompt_tokens)
+            .map(|_| sys_rng.random_range(0..cfg.vocab))
+            .collect();
+        let sessions = (0..cfg.sessions)
+            .map(|i| {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                rng.set_stream(i as u64 + 1);
+                session(cfg, &system, block_size, &mut rng)
+            })
+            .collect();
+        Self {
+            sessions,
+            retry_after_ns: secs_to_ns(cfg.retry_after_s),
+            max_retries: cfg.max_retries,
+        }
+    }
+
+    /// Total turns.
+    pub fn num_turns(&self) -> usize {
+        self.sessions.iter().map(|s| s.turns.len()).sum()
+    }
+
+    /// Total prompt tokens over all turns (the demand without any cache).
+    pub fn prompt_tokens(&self) -> u64 {
+        self.sessions
+            .iter()
+            .flat_map(|s| &s.turns)
+            .map(|t| t.prompt_len as u64)
+            .sum()
+    }
+
+    /// Largest request of any session.
+    pub fn max_request_tokens(&self) -> usize {
+        self.sessions
+            .iter()
+            .map(Session::max_request_tokens)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Seconds to nanoseconds, rounded.
+pub fn secs_to_ns(s: f64) -> u64 {
+    (s * 1e9).round() as u64
+}
+
+fn session(
+    cfg: &WorkloadConfig,
+    system: &[u32],
+    block_size: usize,
+    rng: &mut ChaCha8Rng,
+) -> Session {
+    let num_turns = cfg.turns.sample(rng);
+    let task = cfg.task_tokens.sample(rng);
+    let mut tokens: Vec<u32> = system.to_vec();
+    tokens.extend((0..task).map(|_| rng.random_range(0..cfg.vocab)));
+    let mut turns = Vec::with_capacity(num_turns);
+    for k in 0..num_turns {
+        let prompt_len = tokens.len();
+        let output_len = cfg.output_tokens.sample(rng).round().max(1.0) as usize;
+        tokens.extend((0..output_len).map(|_| rng.random_range(0..cfg.vocab)));
+        let last = k + 1 == num_turns;
+        let (tool_result_len, tool_ns) = if last {
+            (0, 0)
+        } else {
+            let r = cfg.tool_result_tokens.sample(rng).round() as usize;
+            let l = cfg.tool_latency_s.sample(rng);
+            tokens.extend((0..r).map(|_| rng.random_range(0..cfg.vocab)));
+            (r, secs_to_ns(l))
+        };
+        let impatient = rng.random_bool(cfg.retry_probability);
+        turns.push(Turn {
+            prompt_len,
+            output_len,
+            tool_result_len,
+            tool_ns,
+            impatient,
+        });
+    }
+    Session {
+        hashes: hashing::chain(&tokens, block_size).into(),
+        turns,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> WorkloadConfig {
+        WorkloadConfig {
+            sessions: 4,
+            turns: Uniform { min: 3, max: 6 },
+            system_prompt_tokens: 64,
+            task_tokens: Uniform { min: 10, max: 40 },
+            output_tokens: LogNormalSpec {
+                median: 20.0,
+                sigma: 0.5,
+                min: 1.0,
+                max: 100.0,
+            },
+            tool_result_tokens: LogNormalSpec {
+                median: 50.0,
+                sigma: 0.5,
+                min: 1.0,
+                max: 200.0,
+            },
+            tool_latency_s: LogNormalSpec {
+                median: 1.0,
+                sigma: 1.0,
+                min: 0.01,
+                max: 10.0,
+            },
+            retry_probability: 0.5,
+            retry_after_s: 2.0,
+            max_retries: 1,
+            vocab: 1000,
+        }
+    }
+
+    #[test]
+    fn the_same_seed_draws_the_same_workload() {
+        let a = Workload::generate(&cfg(), 16, 7);
+        let b = Workload::generate(&cfg(), 16, 7);
+        let c = Workload::generate(&cfg(), 16, 8);
+        for (x, y) in a.sessions.iter().zip(&b.sessions) {
+            assert_eq!(x.turns, y.turns);
+            assert_eq!(x.hashes, y.hashes);
+        }
+        assert_ne!(a.sessions[0].turns, c.sessions[0].turns);
+    }
+
+    #[test]
+    fn each_prompt_is_the_previous_history_plus_output_and_tool_result() {
+        let w = Workload::generate(&cfg(), 16, 3);
+        for s in &w.sessions {
+            for pair in s.turns.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                assert_eq!(
+                    b.prompt_len,
+                    a.prompt_len + a.output_len + a.tool_result_len
+                );
+                assert!(a.tool_ns > 0);
+            }
+            let last = s.turns.last().unwrap();
+            assert_eq!((last.tool_result_len, last.tool_ns), (0, 0));
+            assert_eq!(s.hashes.len(), s.max_request_tokens() / 16);
+        }
+    }
+
+    #[test]
+    fn sessions_share_exactly_the_system_prompt_blocks() {
+        let w = Workload::generate(&cfg(), 16, 5);
+        let (a, b) = (&w.sessions[0].hashes, &w.sessions[1].hashes);
+        assert_eq!(a[..4], b[..4], "64 shared tokens = 4 blocks");
+        assert_ne!(a[4], b[4]);
+    }
+
+    #[test]
+    fn adding_sessions_leaves_existing_ones_unchanged() {
+        let mut more = cfg();
+        more.sessions = 9;
+        let a = Workload::generate(&cfg(), 16, 11);
+        let b = Workload::generate(&more, 16, 11);
+        assert_eq!(a.sessions[3].turns, b.sessions[3].turns);
+        assert_eq!(a.sessions[3].hashes, b.sessions[3].hashes);
+    }
+
+    #[test]
+    fn validation_refuses_nonsense() {
+        assert!(cfg().validate().is_ok());
+        let mut bad = cfg();
+        bad.turns.min = 0;
+        assert!(bad.validate().is_err());
+        let mut bad = cfg();
+        bad.retry_probability = 1.5;
+        assert!(bad.validate().is_err());
+        let mut bad = cfg();
+        bad.tool_latency_s.median = 0.0;
+        assert!(bad.validate().is_err());
+    }
+}

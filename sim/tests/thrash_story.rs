@@ -1,0 +1,70 @@
+//! The README's story, asserted on the built-in `thrash` scenario (the
+//! default comparison): without a gate the prefix cache collapses late in
+//! the rollout and late turns get disproportionately slower; the
+//! reference-default gate does about nothing (as measured on a real vLLM
+//! engine, see the notes); a session cap and the tuned gate restore the
+//! hit rate and shorten the rollout.
+
+use kvgate_sim::compare;
+use kvgate_sim::metrics::{RunResult, Summary};
+use kvgate_sim::scenario::Scenario;
+
+fn hit_rate(r: &RunResult, keep: impl Fn(usize) -> bool) -> f64 {
+    let (q, h) = r
+        .turns
+        .iter()
+        .filter(|t| keep(t.turn))
+        .fold((0u64, 0u64), |(q, h), t| {
+            (q + t.prompt_len as u64, h + t.hit_tokens as u64)
+        });
+    h as f64 / q as f64
+}
+
+#[test]
+fn thrash_tells_the_seed_story() {
+    let scenario = Scenario::load("thrash").unwrap();
+    let wanted = ["none", "kvgate", "kvgate-tuned", "cap-16"];
+    let policies: Vec<_> = scenario
+        .policies
+        .iter()
+        .filter(|p| wanted.contains(&p.name.as_str()))
+        .cloned()
+        .collect();
+    assert_eq!(
+        policies.len(),
+        wanted.len(),
+        "the scenario still has these policies"
+    );
+    let runs = compare(&scenario, scenario.seed, &policies);
+    let s: Vec<Summary> = runs.iter().map(RunResult::summary).collect();
+    let by = |name: &str| s.iter().position(|r| r.policy == name).unwrap();
+    let (none, reference, tuned, cap) =
+        (by("none"), by("kvgate"), by("kvgate-tuned"), by("cap-16"));
+
+    // Without a gate: hot early, thrashing late, late turns much slower.
+    let early = hit_rate(&runs[none], |k| k < 8);
+    let late = hit_rate(&runs[none], |k| (24..=32).contains(&k));
+    assert!(early > 0.85, "none, turns 0-7: {early}");
+    assert!(late < 0.2, "none, turns 24-32: {late}");
+    assert!(s[none].hit_rate_last_third < 0.5, "{:?}", s[none]);
+    assert!(s[none].late_turn_slowdown > 3.0, "{:?}", s[none]);
+
+    // The reference defaults barely change anything.
+    assert!(
+        (s[reference].hit_rate - s[none].hit_rate).abs() < 0.1,
+        "{:?}",
+        s[reference]
+    );
+    assert!(
+        s[reference].makespan_s > 0.9 * s[none].makespan_s,
+        "{:?}",
+        s[reference]
+    );
+
+    // A cap, and the tuned gate, keep the cache hot and finish much sooner.
+    for i in [cap, tuned] {
+        assert!(s[i].hit_rate > 0.9, "{:?}", s[i]);
+        assert!(s[i].makespan_s < 0.6 * s[none].makespan_s, "{:?}", s[i]);
+        assert!(s[i].late_turn_slowdown < 1.5, "{:?}", s[i]);
+    }
+}
