@@ -17,7 +17,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::decision::{decide, Decision, Facts, Reason};
-use super::sessions::{Reservation, SessionKey};
+use super::sessions::{Reservation, SessionKey, ShardMap};
 use super::waiters::{Enqueued, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
 use super::Core;
 use crate::error::AcquireError;
@@ -294,9 +294,9 @@ impl Attempt {
                 drop(guard);
                 return self.fail(core, err, now);
             }
-            let map = &mut *guard;
-            let record = map
-                .get_mut(&self.key)
+            let ShardMap { sessions, ids } = &mut *guard;
+            let record = sessions
+                .find_mut(self.key.hash, |r| r.key == self.key)
                 .expect("a record with a pending attempt is never dropped");
             debug_assert_eq!(record.newest_attempt, self.slot.attempt_id);
             self.facts.reserved = record.reservation.held_at(now);
@@ -305,10 +305,6 @@ impl Attempt {
                 break 'locked decision;
             };
             let bits = core.table.shard_bits();
-            let record = map
-                .sessions
-                .get_mut(&self.key.bytes[..])
-                .expect("looked up above");
             let window = reason.retains_session().then(|| {
                 let next = match record.reservation {
                     Reservation::InFlight { holders, id } => Reservation::InFlight {
@@ -321,7 +317,7 @@ impl Attempt {
                     }
                     Reservation::Grace { .. } | Reservation::None => Reservation::InFlight {
                         holders: 1,
-                        id: map.ids.mint(index, bits),
+                        id: ids.mint(index, bits),
                     },
                 };
                 core.set_reservation(record, next, &shard.counters);
@@ -330,7 +326,7 @@ impl Attempt {
                     _ => unreachable!("retaining admissions are in flight"),
                 }
             });
-            let lease_id = map.ids.mint(index, bits);
+            let lease_id = ids.mint(index, bits);
             record.pending = None;
             record.active_leases += 1;
             record.last_admitted_prompt_len = self.prompt_len;

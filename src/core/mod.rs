@@ -224,20 +224,20 @@ impl Core {
     /// the session was not tracked.
     pub fn finish_session(&self, session: &[u8], now: u64) -> Option<SessionStats> {
         self.purge(now);
-        let key = self.lookup_key(session);
-        let (_, shard) = self.shard_of(&key);
+        let hash = self.table.hash(session);
+        let shard = self.shard_of_hash(hash);
         let last = {
             let mut map = shard.lock();
-            let last = map.get_mut(&key).map(|record| {
+            let found = map.find_mut(hash, session).map(|record| {
                 self.set_reservation(record, Reservation::None, &shard.counters);
                 record.finished = true;
                 shard.counters.sessions_finished.add(1);
-                session_stats_of(record, now)
+                (session_stats_of(record, now), record.key.clone())
             });
-            if last.is_some() {
+            found.map(|(last, key)| {
                 self.settle(&mut map, &key, now, &shard.counters);
-            }
-            last
+                last
+            })
         };
         self.capacity_event();
         last
@@ -247,11 +247,11 @@ impl Core {
     /// it returns [`AcquireError::Cancelled`] promptly. Returns whether one
     /// was cancelled.
     pub fn cancel_session(&self, session: &[u8]) -> bool {
-        let key = self.lookup_key(session);
-        let (_, shard) = self.shard_of(&key);
+        let hash = self.table.hash(session);
+        let shard = self.shard_of_hash(hash);
         let target = {
             let mut map = shard.lock();
-            map.get_mut(&key)
+            map.find_mut(hash, session)
                 .and_then(|r| r.pending.clone())
                 .filter(|slot| slot.set_fate(CANCELLED))
         };
@@ -351,10 +351,10 @@ impl Core {
     /// A snapshot of one session's figures, or `None` if it is not tracked.
     pub fn session_stats(&self, session: &[u8], now: u64) -> Option<SessionStats> {
         self.purge(now);
-        let key = self.lookup_key(session);
-        let (_, shard) = self.shard_of(&key);
-        let mut map = shard.lock();
-        map.get_mut(&key).map(|r| session_stats_of(r, now))
+        let hash = self.table.hash(session);
+        let mut map = self.shard_of_hash(hash).lock();
+        map.find_mut(hash, session)
+            .map(|r| session_stats_of(r, now))
     }
 
     /// Number of timer entries held (live and stale), for memory accounting.
@@ -364,13 +364,6 @@ impl Core {
 
     // ---- internals shared with `Attempt` ----
 
-    fn lookup_key(&self, session: &[u8]) -> SessionKey {
-        SessionKey {
-            hash: self.table.hash(session),
-            bytes: session.into(),
-        }
-    }
-
     fn shard_mask(&self) -> u64 {
         (1u64 << self.table.shard_bits()) - 1
     }
@@ -378,6 +371,10 @@ impl Core {
     fn shard_of(&self, key: &SessionKey) -> (usize, &sessions::Shard) {
         let index = self.table.shard_index(key.hash);
         (index, self.table.shard(index))
+    }
+
+    fn shard_of_hash(&self, hash: u64) -> &sessions::Shard {
+        self.table.shard(self.table.shard_index(hash))
     }
 
     fn epoch(&self) -> u64 {
@@ -438,7 +435,7 @@ impl Core {
             if !record.finished {
                 c.sessions_retired.add(1);
             }
-            map.sessions.remove(&key.bytes[..]);
+            map.remove(key);
             c.tracked_sessions.sub(1);
         } else if record.retire_timer.is_none_or(|armed| armed > retire_at) {
             record.retire_timer = Some(retire_at);

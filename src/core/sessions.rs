@@ -4,11 +4,11 @@
 //! touched under that shard's lock, so operations on different sessions run
 //! in parallel and operations on one session are linearised by one lock.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc as StdArc;
 
 use crossbeam_utils::CachePadded;
+use hashbrown::hash_table::{Entry, HashTable};
 
 use crate::core::stats::ShardCounters;
 use crate::core::waiters::Slot;
@@ -120,9 +120,17 @@ impl SessionRecord {
 }
 
 /// The map half of a shard, guarded by the shard lock.
+///
+/// A `HashTable` rather than a `HashMap`: the id is hashed once, when an
+/// attempt begins (or a host call names a session), and every later lookup
+/// of the same session (admission, release, settle, timers) reuses the hash
+/// carried in its [`SessionKey`]. With a `HashMap` each lookup re-ran SipHash
+/// over the id: seven times per open-path acquire + release, 55% of the
+/// core's instructions (callgrind, benches/README.md). The record holds its
+/// own key, so the map stores no second copy of it (16 bytes per session).
 #[derive(Debug, Default)]
 pub(crate) struct ShardMap {
-    pub(crate) sessions: HashMap<StdArc<[u8]>, SessionRecord>,
+    pub(crate) sessions: HashTable<SessionRecord>,
     /// Source of attempt, lease and window ids minted in this shard.
     pub(crate) ids: IdMint,
 }
@@ -142,12 +150,31 @@ impl IdMint {
     }
 }
 
+/// Whether `record` is the session `bytes` whose hash is `hash` (the full
+/// hash is compared first: it is at hand and settles most mismatches).
+fn is_session(record: &SessionRecord, hash: u64, bytes: &[u8]) -> bool {
+    record.key.hash == hash && *record.key.bytes == *bytes
+}
+
 impl ShardMap {
+    /// The record of `key` (a key cloned from a record compares by pointer first).
     pub(crate) fn get_mut(&mut self, key: &SessionKey) -> Option<&mut SessionRecord> {
-        self.sessions.get_mut(&key.bytes[..])
+        self.sessions.find_mut(key.hash, |r| r.key == *key)
+    }
+
+    /// The record of session `bytes`, whose hash (by [`SessionTable::hash`]) is `hash`.
+    pub(crate) fn find_mut(&mut self, hash: u64, bytes: &[u8]) -> Option<&mut SessionRecord> {
+        self.sessions.find_mut(hash, |r| is_session(r, hash, bytes))
+    }
+
+    /// Drops the record of `key`, if any.
+    pub(crate) fn remove(&mut self, key: &SessionKey) -> Option<SessionRecord> {
+        let entry = self.sessions.find_entry(key.hash, |r| r.key == *key);
+        entry.ok().map(|e| e.remove().0)
     }
 
     /// Returns the record for `bytes`, creating it (and counting it) if new.
+    /// One probe of the table either way; only a new session allocates.
     pub(crate) fn get_or_insert(
         &mut self,
         bytes: &[u8],
@@ -155,17 +182,22 @@ impl ShardMap {
         now: u64,
         counters: &ShardCounters,
     ) -> &mut SessionRecord {
-        // Two lookups on the insert path keep the hit path free of allocation.
-        if !self.sessions.contains_key(bytes) {
-            let key = SessionKey {
-                hash,
-                bytes: StdArc::from(bytes),
-            };
-            counters.tracked_sessions.add(1);
-            self.sessions
-                .insert(key.bytes.clone(), SessionRecord::new(key, now));
+        let entry = self.sessions.entry(
+            hash,
+            |r| is_session(r, hash, bytes),
+            |r| r.key.hash, // rehashing on growth reuses the stored hashes
+        );
+        match entry {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => {
+                let key = SessionKey {
+                    hash,
+                    bytes: StdArc::from(bytes),
+                };
+                counters.tracked_sessions.add(1);
+                v.insert(SessionRecord::new(key, now)).into_mut()
+            }
         }
-        self.sessions.get_mut(bytes).expect("inserted above")
     }
 }
 
