@@ -259,6 +259,15 @@ impl Attempt {
         }
     }
 
+    /// The slot of this ended attempt, if nothing else holds it any more, so
+    /// its driver can begin its next attempt with it
+    /// ([`Core::begin_with_slot`]) instead of allocating one.
+    pub(crate) fn into_spare_slot(self) -> Option<Arc<Slot>> {
+        debug_assert!(self.is_done(), "only an ended attempt gives its slot back");
+        let mut slot = self.slot;
+        Arc::get_mut(&mut slot).is_some().then_some(slot)
+    }
+
     /// Ends the attempt early (its driver gave up, e.g. a probe panicked).
     /// Counted as cancelled. A no-op once the attempt is done.
     pub fn abandon(&mut self, core: &Core, now: u64) {

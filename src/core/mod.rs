@@ -46,7 +46,8 @@ use decision::Thresholds;
 use sessions::{Reservation, SessionKey, SessionRecord, SessionTable, ShardMap};
 use stats::ShardCounters;
 use timers::TimerQueue;
-use waiters::{Slot, Waiters, CANCELLED, PREEMPTED};
+pub(crate) use waiters::Slot;
+use waiters::{Waiters, CANCELLED, PREEMPTED};
 
 /// Most timer entries one caller fires at once: bounds the latency a purge
 /// adds to whoever happens to look; the rest is left to the next caller.
@@ -137,6 +138,21 @@ impl Core {
         deadline: Option<u64>,
         notifier: Box<dyn Notify>,
     ) -> Result<Attempt, AcquireError> {
+        let slot = Arc::new(Slot::new(notifier));
+        self.begin_with_slot(session, prompt_len, now, deadline, slot)
+    }
+
+    /// [`Core::begin`] with a slot nobody else holds: a new one, or one that
+    /// [`Attempt::into_spare_slot`] handed back. The blocking gate keeps one
+    /// per thread, so its attempts allocate nothing.
+    pub(crate) fn begin_with_slot(
+        &self,
+        session: &[u8],
+        prompt_len: usize,
+        now: u64,
+        deadline: Option<u64>,
+        mut slot: Arc<Slot>,
+    ) -> Result<Attempt, AcquireError> {
         let hash = self.table.hash(session);
         let index = self.table.shard_index(hash);
         let shard = self.table.shard(index);
@@ -145,10 +161,12 @@ impl Core {
             return Err(AcquireError::Closed);
         }
         self.purge(now);
-        let (slot, key, superseded) = {
+        let (key, superseded) = {
             let mut map = shard.lock();
             let id = map.ids.mint(index, self.table.shard_bits());
-            let slot = Arc::new(Slot::new(id, notifier));
+            Arc::get_mut(&mut slot)
+                .expect("begin takes a slot nobody else holds")
+                .ready(id);
             let record = map.get_or_insert(session, hash, now, &shard.counters);
             let superseded = record.pending.replace(slot.clone());
             if let Some(old) = &superseded {
@@ -165,7 +183,7 @@ impl Core {
             record.last_activity = now;
             record.counters.attempts += 1;
             shard.counters.attempts.add(1);
-            (slot, record.key.clone(), superseded)
+            (record.key.clone(), superseded)
         };
         if let Some(old) = superseded {
             self.waiters.wake_slot(&old, &self.grace_timers);
