@@ -15,12 +15,25 @@ use crate::core::waiters::Slot;
 use crate::sync::{Arc, Mutex, MutexGuard};
 
 /// A session id with its precomputed hash. Cloning shares the bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct SessionKey {
     pub(crate) hash: u64,
     // std Arc: immutable bytes need no model checking.
     pub(crate) bytes: StdArc<[u8]>,
 }
+
+/// Keys compare by hash, then by pointer, then by bytes. The keys an
+/// attempt, a lease or a timer carry are clones of their record's key, so
+/// the pointer settles nearly every lookup (std's `Arc` equality takes that
+/// shortcut only for sized contents, not for `[u8]`).
+impl PartialEq for SessionKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash
+            && (StdArc::ptr_eq(&self.bytes, &other.bytes) || self.bytes == other.bytes)
+    }
+}
+
+impl Eq for SessionKey {}
 
 /// A session's ownership window.
 ///
