@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use super::decision::{decide, Decision, Facts, Reason};
 use super::sessions::{Reservation, SessionKey, ShardMap};
+use super::stats::Probed;
 use super::waiters::{Enqueued, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
 use super::Core;
 use crate::error::AcquireError;
@@ -185,18 +186,8 @@ impl Attempt {
     pub fn on_usage(&mut self, core: &Core, raw: Option<f64>, now: u64) -> Step {
         assert_eq!(self.phase, Phase::AwaitUsage, "on_usage answers ProbeUsage");
         let answer = ProbeAnswer::from_raw(raw);
-        let c = &core.shard_of(&self.key).1.counters;
-        c.usage_probes.add(1);
-        match answer {
-            ProbeAnswer::Value(_) => {}
-            ProbeAnswer::Unavailable => c.usage_unavailable.add(1),
-            ProbeAnswer::Invalid => {
-                c.usage_unavailable.add(1);
-                c.usage_invalid.add(1);
-            }
-        }
         self.facts.usage = Some(answer);
-        self.decide(core, now)
+        self.decide(core, now, Probed::Usage(answer))
     }
 
     /// Feeds the prefix probe's raw answer, received at `now`.
@@ -207,18 +198,8 @@ impl Attempt {
             "on_prefix answers ProbePrefix"
         );
         let answer = ProbeAnswer::from_raw(raw);
-        let c = &core.shard_of(&self.key).1.counters;
-        c.prefix_probes.add(1);
-        match answer {
-            ProbeAnswer::Value(_) => {}
-            ProbeAnswer::Unavailable => c.prefix_unavailable.add(1),
-            ProbeAnswer::Invalid => {
-                c.prefix_unavailable.add(1);
-                c.prefix_invalid.add(1);
-            }
-        }
         self.facts.prefix = Some(answer);
-        self.decide(core, now)
+        self.decide(core, now, Probed::Prefix(answer))
     }
 
     /// After a `Sleep`: the notifier fired or `until` passed (or the driver
@@ -293,10 +274,12 @@ impl Attempt {
     }
 
     /// Runs the table under the session's lock, admitting atomically if it says so.
-    fn decide(&mut self, core: &Core, now: u64) -> Step {
+    fn decide(&mut self, core: &Core, now: u64, probed: Probed) -> Step {
         let (index, shard) = core.shard_of(&self.key);
         let decision = 'locked: {
             let mut guard = shard.lock();
+            // Counted under the lock, like every other counter of the shard.
+            shard.counters.count_probe(probed);
             // Checked under the lock that admission takes: a newer attempt or a
             // cancel sealed our fate before, or sees us admitted after.
             if let Some(err) = self.fate(core) {
@@ -345,12 +328,12 @@ impl Attempt {
             if self.waited {
                 record.counters.waits += 1;
                 record.counters.wait_ns += wait_ns;
-                shard.counters.waits.add(1);
-                shard.counters.wait_ns.add(wait_ns);
+                shard.counters.waits.add_locked(1);
+                shard.counters.wait_ns.add_locked(wait_ns);
             }
-            shard.counters.admissions[reason.index()].add(1);
-            shard.counters.active_leases.add(1);
-            shard.counters.pending_attempts.sub(1);
+            shard.counters.admissions[reason.index()].add_locked(1);
+            shard.counters.active_leases.add_locked(1);
+            shard.counters.pending_attempts.sub_locked(1);
             drop(guard);
             self.phase = Phase::Done;
             let token = LeaseToken {
@@ -456,18 +439,18 @@ impl Attempt {
                     // A preempted attempt's slot was already replaced (and the
                     // gauge handed over) by its successor.
                     record.pending = None;
-                    shard.counters.pending_attempts.sub(1);
+                    shard.counters.pending_attempts.sub_locked(1);
                 }
                 match err {
                     // Counted when sealed, by `begin`.
                     AcquireError::Preempted => {}
                     AcquireError::TimedOut => {
                         record.counters.timed_out += 1;
-                        shard.counters.timed_out.add(1);
+                        shard.counters.timed_out.add_locked(1);
                     }
                     AcquireError::Cancelled => {
                         record.counters.cancelled += 1;
-                        shard.counters.cancelled.add(1);
+                        shard.counters.cancelled.add_locked(1);
                     }
                     AcquireError::Closed => shard.counters.closed.add(1),
                 }
@@ -475,8 +458,8 @@ impl Attempt {
                     let wait_ns = now.saturating_sub(self.started);
                     record.counters.waits += 1;
                     record.counters.wait_ns += wait_ns;
-                    shard.counters.waits.add(1);
-                    shard.counters.wait_ns.add(wait_ns);
+                    shard.counters.waits.add_locked(1);
+                    shard.counters.wait_ns.add_locked(wait_ns);
                 }
                 record.last_activity = now;
                 core.settle(&mut map, &self.key, now, &shard.counters);

@@ -173,16 +173,16 @@ impl Core {
                 // Sealed under the lock: the old attempt can no longer be admitted.
                 if old.set_fate(PREEMPTED) {
                     record.counters.preempted += 1;
-                    shard.counters.preempted.add(1);
+                    shard.counters.preempted.add_locked(1);
                 }
             } else {
-                shard.counters.pending_attempts.add(1);
+                shard.counters.pending_attempts.add_locked(1);
             }
             record.newest_attempt = id;
             record.finished = false;
             record.last_activity = now;
             record.counters.attempts += 1;
-            shard.counters.attempts.add(1);
+            shard.counters.attempts.add_locked(1);
             (record.key.clone(), superseded)
         };
         if let Some(old) = superseded {
@@ -203,8 +203,8 @@ impl Core {
             if let Some(record) = map.get_mut(&key) {
                 record.active_leases -= 1;
                 record.last_activity = now;
-                shard.counters.active_leases.sub(1);
-                shard.counters.releases.add(1);
+                shard.counters.active_leases.sub_locked(1);
+                shard.counters.releases.add_locked(1);
                 if let (Some(window), Reservation::InFlight { holders, id }) =
                     (window, record.reservation)
                 {
@@ -249,7 +249,7 @@ impl Core {
             let found = map.find_mut(hash, session).map(|record| {
                 self.set_reservation(record, Reservation::None, &shard.counters);
                 record.finished = true;
-                shard.counters.sessions_finished.add(1);
+                shard.counters.sessions_finished.add_locked(1);
                 (session_stats_of(record, now), record.key.clone())
             });
             found.map(|(last, key)| {
@@ -324,7 +324,7 @@ impl Core {
                 if until <= now {
                     self.set_reservation(record, Reservation::None, &shard.counters);
                     record.window_ended = until;
-                    shard.counters.grace_expired.add(1);
+                    shard.counters.grace_expired.add_locked(1);
                     expired = true;
                     self.settle(&mut map, &key, now, &shard.counters);
                 } else {
@@ -417,14 +417,14 @@ impl Core {
     fn set_reservation(&self, record: &mut SessionRecord, next: Reservation, c: &ShardCounters) {
         match record.reservation {
             Reservation::None => {}
-            Reservation::InFlight { .. } => c.reserved_in_flight.sub(1),
-            Reservation::Grace { .. } => c.reserved_in_grace.sub(1),
+            Reservation::InFlight { .. } => c.reserved_in_flight.sub_locked(1),
+            Reservation::Grace { .. } => c.reserved_in_grace.sub_locked(1),
         }
         match next {
             Reservation::None => {}
-            Reservation::InFlight { .. } => c.reserved_in_flight.add(1),
+            Reservation::InFlight { .. } => c.reserved_in_flight.add_locked(1),
             Reservation::Grace { until, .. } => {
-                c.reserved_in_grace.add(1);
+                c.reserved_in_grace.add_locked(1);
                 // One live entry per record: an earlier entry re-arms itself when it fires.
                 if record.grace_timer.is_none_or(|armed| armed > until) {
                     record.grace_timer = Some(until);
@@ -451,10 +451,10 @@ impl Core {
             .saturating_add(self.retention_ns);
         if record.finished || retire_at <= now {
             if !record.finished {
-                c.sessions_retired.add(1);
+                c.sessions_retired.add_locked(1);
             }
             map.remove(key);
-            c.tracked_sessions.sub(1);
+            c.tracked_sessions.sub_locked(1);
         } else if record.retire_timer.is_none_or(|armed| armed > retire_at) {
             record.retire_timer = Some(retire_at);
             self.retire_timers.arm(retire_at, record.key.clone());

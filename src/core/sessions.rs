@@ -207,7 +207,7 @@ impl ShardMap {
                     hash,
                     bytes: StdArc::from(bytes),
                 };
-                counters.tracked_sessions.add(1);
+                counters.tracked_sessions.add_locked(1);
                 v.insert(SessionRecord::new(key, now)).into_mut()
             }
         }
