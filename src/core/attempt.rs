@@ -17,7 +17,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::decision::{decide, Decision, Facts, Reason};
-use super::sessions::{Reservation, SessionKey, ShardMap};
+use super::sessions::{bump, Reservation, SessionKey, ShardMap};
 use super::stats::Probed;
 use super::waiters::{Enqueued, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
 use super::Core;
@@ -290,7 +290,13 @@ impl Attempt {
             let record = sessions
                 .find_mut(self.key.hash, |r| r.key == self.key)
                 .expect("a record with a pending attempt is never dropped");
-            debug_assert_eq!(record.newest_attempt, self.slot.attempt_id);
+            debug_assert!(
+                record
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| Arc::ptr_eq(p, &self.slot)),
+                "an attempt whose fate is open is its session's pending one"
+            );
             self.facts.reserved = record.reservation.held_at(now);
             let decision = decide(core.thresholds, self.facts);
             let Decision::Admit(reason) = decision else {
@@ -321,12 +327,12 @@ impl Attempt {
             let lease_id = ids.mint(index, bits);
             record.pending = None;
             record.active_leases += 1;
-            record.last_admitted_prompt_len = self.prompt_len;
+            record.last_admitted_prompt_len = u32::try_from(self.prompt_len).unwrap_or(u32::MAX);
             record.last_activity = now;
-            record.counters.admissions += 1;
+            bump(&mut record.counters.admissions);
             let wait_ns = now.saturating_sub(self.started);
             if self.waited {
-                record.counters.waits += 1;
+                bump(&mut record.counters.waits);
                 record.counters.wait_ns += wait_ns;
                 shard.counters.waits.add_locked(1);
                 shard.counters.wait_ns.add_locked(wait_ns);
@@ -445,18 +451,18 @@ impl Attempt {
                     // Counted when sealed, by `begin`.
                     AcquireError::Preempted => {}
                     AcquireError::TimedOut => {
-                        record.counters.timed_out += 1;
+                        bump(&mut record.counters.timed_out);
                         shard.counters.timed_out.add_locked(1);
                     }
                     AcquireError::Cancelled => {
-                        record.counters.cancelled += 1;
+                        bump(&mut record.counters.cancelled);
                         shard.counters.cancelled.add_locked(1);
                     }
                     AcquireError::Closed => shard.counters.closed.add(1),
                 }
                 if self.waited {
                     let wait_ns = now.saturating_sub(self.started);
-                    record.counters.waits += 1;
+                    bump(&mut record.counters.waits);
                     record.counters.wait_ns += wait_ns;
                     shard.counters.waits.add_locked(1);
                     shard.counters.wait_ns.add_locked(wait_ns);

@@ -43,9 +43,9 @@ use crate::config::{Config, ConfigError};
 use crate::error::AcquireError;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use decision::Thresholds;
-use sessions::{Reservation, SessionKey, SessionRecord, SessionTable, ShardMap};
+use sessions::{bump, Reservation, SessionKey, SessionRecord, SessionTable, ShardMap};
 use stats::ShardCounters;
-use timers::TimerQueue;
+use timers::{TimerQueue, NEVER};
 pub(crate) use waiters::Slot;
 use waiters::{Waiters, CANCELLED, PREEMPTED};
 
@@ -172,16 +172,15 @@ impl Core {
             if let Some(old) = &superseded {
                 // Sealed under the lock: the old attempt can no longer be admitted.
                 if old.set_fate(PREEMPTED) {
-                    record.counters.preempted += 1;
+                    bump(&mut record.counters.preempted);
                     shard.counters.preempted.add_locked(1);
                 }
             } else {
                 shard.counters.pending_attempts.add_locked(1);
             }
-            record.newest_attempt = id;
             record.finished = false;
             record.last_activity = now;
-            record.counters.attempts += 1;
+            bump(&mut record.counters.attempts);
             shard.counters.attempts.add_locked(1);
             (record.key.clone(), superseded)
         };
@@ -310,41 +309,39 @@ impl Core {
         let mut due = Vec::new();
         let mut expired = false;
         self.grace_timers.pop_due(now, PURGE_BATCH, &mut due);
-        for (deadline, key) in due.drain(..) {
-            let (_, shard) = self.shard_of(&key);
+        for (deadline, hash) in due.drain(..) {
+            let shard = self.shard_of_hash(hash);
             let mut map = shard.lock();
-            let Some(record) = map.get_mut(&key) else {
+            // Stale (superseded by a re-arm, or the record is gone) unless a
+            // record of this hash still has its entry due at this deadline.
+            let Some(record) = map.find_by_hash(hash, |r| r.grace_timer == deadline) else {
                 continue;
             };
-            if record.grace_timer != Some(deadline) {
-                continue; // stale: superseded by a re-arm
-            }
-            record.grace_timer = None;
+            record.grace_timer = NEVER;
             if let Reservation::Grace { until, .. } = record.reservation {
                 if until <= now {
                     self.set_reservation(record, Reservation::None, &shard.counters);
                     record.window_ended = until;
                     shard.counters.grace_expired.add_locked(1);
                     expired = true;
+                    let key = record.key.clone();
                     self.settle(&mut map, &key, now, &shard.counters);
                 } else {
                     // The window was renewed after this entry was armed.
-                    record.grace_timer = Some(until);
-                    self.grace_timers.arm(until, key.clone());
+                    record.grace_timer = until;
+                    self.grace_timers.arm(until, hash);
                 }
             }
         }
         self.retire_timers.pop_due(now, PURGE_BATCH, &mut due);
-        for (deadline, key) in due.drain(..) {
-            let (_, shard) = self.shard_of(&key);
+        for (deadline, hash) in due.drain(..) {
+            let shard = self.shard_of_hash(hash);
             let mut map = shard.lock();
-            let Some(record) = map.get_mut(&key) else {
+            let Some(record) = map.find_by_hash(hash, |r| r.retire_timer == deadline) else {
                 continue;
             };
-            if record.retire_timer != Some(deadline) {
-                continue;
-            }
-            record.retire_timer = None;
+            record.retire_timer = NEVER;
+            let key = record.key.clone();
             self.settle(&mut map, &key, now, &shard.counters);
         }
         if expired {
@@ -426,9 +423,9 @@ impl Core {
             Reservation::Grace { until, .. } => {
                 c.reserved_in_grace.add_locked(1);
                 // One live entry per record: an earlier entry re-arms itself when it fires.
-                if record.grace_timer.is_none_or(|armed| armed > until) {
-                    record.grace_timer = Some(until);
-                    self.grace_timers.arm(until, record.key.clone());
+                if record.grace_timer == NEVER || record.grace_timer > until {
+                    record.grace_timer = until;
+                    self.grace_timers.arm(until, record.key.hash);
                 }
                 self.waiters.expiry_added(until);
             }
@@ -455,9 +452,9 @@ impl Core {
             }
             map.remove(key);
             c.tracked_sessions.sub_locked(1);
-        } else if record.retire_timer.is_none_or(|armed| armed > retire_at) {
-            record.retire_timer = Some(retire_at);
-            self.retire_timers.arm(retire_at, record.key.clone());
+        } else if record.retire_timer == NEVER || record.retire_timer > retire_at {
+            record.retire_timer = retire_at;
+            self.retire_timers.arm(retire_at, record.key.hash);
         }
     }
 }
@@ -474,17 +471,17 @@ fn session_stats_of(r: &SessionRecord, now: u64) -> SessionStats {
         },
     };
     SessionStats {
-        num_preempted: r.counters.preempted,
-        attempts: r.counters.attempts,
-        admissions: r.counters.admissions,
-        waits: r.counters.waits,
+        num_preempted: r.counters.preempted.into(),
+        attempts: r.counters.attempts.into(),
+        admissions: r.counters.admissions.into(),
+        waits: r.counters.waits.into(),
         wait_time: Duration::from_nanos(r.counters.wait_ns),
-        timed_out: r.counters.timed_out,
-        cancelled: r.counters.cancelled,
+        timed_out: r.counters.timed_out.into(),
+        cancelled: r.counters.cancelled.into(),
         active_leases: r.active_leases,
         attempt_pending: r.pending.is_some(),
         reservation,
-        last_admitted_prompt_len: r.last_admitted_prompt_len,
+        last_admitted_prompt_len: r.last_admitted_prompt_len as usize,
         idle_for: Duration::from_nanos(now.saturating_sub(r.last_activity)),
     }
 }

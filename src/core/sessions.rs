@@ -11,6 +11,7 @@ use crossbeam_utils::CachePadded;
 use hashbrown::hash_table::{Entry, HashTable};
 
 use crate::core::stats::ShardCounters;
+use crate::core::timers::NEVER;
 use crate::core::waiters::Slot;
 use crate::sync::{Arc, Mutex, MutexGuard};
 
@@ -71,37 +72,49 @@ impl Reservation {
 }
 
 /// Per-session counters, reported by `session_stats`.
+///
+/// Counts are `u32` and saturate (see [`bump`]): a session does not come
+/// near four billion attempts, and the narrow fields are part of what keeps
+/// a tracked session under 256 bytes (benches/README.md, memory). The wait
+/// total stays in `u64` nanoseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct SessionCounters {
-    pub(crate) attempts: u64,
-    pub(crate) admissions: u64,
-    pub(crate) preempted: u64,
-    pub(crate) waits: u64,
+    pub(crate) attempts: u32,
+    pub(crate) admissions: u32,
+    pub(crate) preempted: u32,
+    pub(crate) waits: u32,
+    pub(crate) timed_out: u32,
+    pub(crate) cancelled: u32,
     pub(crate) wait_ns: u64,
-    pub(crate) timed_out: u64,
-    pub(crate) cancelled: u64,
 }
 
+/// Adds one to a per-session count, saturating at `u32::MAX`.
+pub(crate) fn bump(count: &mut u32) {
+    *count = count.saturating_add(1);
+}
+
+/// One tracked session. Its size is the table's cost per session; keep new
+/// fields narrow (`tests::record_stays_small`).
 #[derive(Debug)]
 pub(crate) struct SessionRecord {
     pub(crate) key: SessionKey,
-    /// The attempt currently competing for admission (probing or waiting).
+    /// The attempt currently competing for admission (probing or waiting);
+    /// only the newest attempt begun can be here, so an older one is never
+    /// admitted.
     pub(crate) pending: Option<Arc<Slot>>,
-    /// Id of the newest attempt begun; an older one is never admitted.
-    pub(crate) newest_attempt: u64,
     pub(crate) active_leases: u32,
     pub(crate) reservation: Reservation,
     /// Set by `finish_session` while leases or an attempt still exist; the
     /// record is dropped as soon as it becomes idle.
     pub(crate) finished: bool,
-    /// Deadline of this record's live entry in the grace queue, if any.
-    pub(crate) grace_timer: Option<u64>,
-    /// Deadline of this record's live entry in the retire queue, if any.
-    pub(crate) retire_timer: Option<u64>,
+    /// Deadline of this record's live entry in the grace queue, or [`NEVER`].
+    pub(crate) grace_timer: u64,
+    /// Deadline of this record's live entry in the retire queue, or [`NEVER`].
+    pub(crate) retire_timer: u64,
     pub(crate) counters: SessionCounters,
-    /// Prompt length of the newest admitted attempt and when the session was
-    /// last active: what a footprint-aware pressure signal needs.
-    pub(crate) last_admitted_prompt_len: usize,
+    /// Prompt length of the newest admitted attempt (saturating) and when the
+    /// session was last active: what a footprint-aware pressure signal needs.
+    pub(crate) last_admitted_prompt_len: u32,
     pub(crate) last_activity: u64,
     /// When the last grace window ran out: idleness (and so retention)
     /// starts at the later of this and `last_activity`.
@@ -113,12 +126,11 @@ impl SessionRecord {
         Self {
             key,
             pending: None,
-            newest_attempt: 0,
             active_leases: 0,
             reservation: Reservation::None,
             finished: false,
-            grace_timer: None,
-            retire_timer: None,
+            grace_timer: NEVER,
+            retire_timer: NEVER,
             counters: SessionCounters::default(),
             last_admitted_prompt_len: 0,
             last_activity: now,
@@ -163,6 +175,18 @@ impl IdMint {
     }
 }
 
+/// The capacity to shrink a table or queue of `len` entries to, if its
+/// `capacity` has become more than four times what it holds.
+///
+/// Why: neither hash tables nor heaps give memory back by themselves, so
+/// after a burst of 100,000 sessions had finished or retired the gate kept
+/// their 26 MB (benches/README.md, memory). Shrinking to twice the length
+/// when a quarter is used keeps the cost amortised (the next shrink needs
+/// half the entries gone again) and an empty table frees everything.
+pub(crate) fn sparse(len: usize, capacity: usize) -> Option<usize> {
+    (len * 4 < capacity).then_some(len * 2)
+}
+
 /// Whether `record` is the session `bytes` whose hash is `hash` (the full
 /// hash is compared first: it is at hand and settles most mismatches).
 fn is_session(record: &SessionRecord, hash: u64, bytes: &[u8]) -> bool {
@@ -180,10 +204,26 @@ impl ShardMap {
         self.sessions.find_mut(hash, |r| is_session(r, hash, bytes))
     }
 
-    /// Drops the record of `key`, if any.
+    /// A record whose id hashes to `hash` and that satisfies `pick` (timer
+    /// entries name their record by hash and deadline only).
+    pub(crate) fn find_by_hash(
+        &mut self,
+        hash: u64,
+        mut pick: impl FnMut(&SessionRecord) -> bool,
+    ) -> Option<&mut SessionRecord> {
+        self.sessions
+            .find_mut(hash, |r| r.key.hash == hash && pick(r))
+    }
+
+    /// Drops the record of `key`, if any, and gives memory back once the
+    /// table is mostly empty (see [`sparse`]).
     pub(crate) fn remove(&mut self, key: &SessionKey) -> Option<SessionRecord> {
         let entry = self.sessions.find_entry(key.hash, |r| r.key == *key);
-        entry.ok().map(|e| e.remove().0)
+        let removed = entry.ok().map(|e| e.remove().0);
+        if let Some(keep) = sparse(self.sessions.len(), self.sessions.capacity()) {
+            self.sessions.shrink_to(keep, |r| r.key.hash);
+        }
+        removed
     }
 
     /// Returns the record for `bytes`, creating it (and counting it) if new.
@@ -275,5 +315,34 @@ impl SessionTable {
 
     pub(crate) fn shards(&self) -> impl Iterator<Item = &Shard> {
         self.shards.iter().map(|s| &**s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table holds records inline, so a record's size is most of what a
+    /// tracked session costs (benches/README.md has the full breakdown).
+    #[test]
+    fn record_stays_small() {
+        let size = std::mem::size_of::<SessionRecord>();
+        assert!(size <= 136, "SessionRecord grew to {size} bytes");
+    }
+
+    #[test]
+    fn sparse_tables_shrink_to_twice_their_length() {
+        assert_eq!(sparse(0, 3), Some(0)); // empty: free it all
+        assert_eq!(sparse(0, 0), None); // nothing to free
+        assert_eq!(sparse(10, 40), None);
+        assert_eq!(sparse(9, 40), Some(18));
+    }
+
+    #[test]
+    fn counts_saturate() {
+        let mut c = u32::MAX - 1;
+        bump(&mut c);
+        bump(&mut c);
+        assert_eq!(c, u32::MAX);
     }
 }
