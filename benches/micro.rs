@@ -178,6 +178,37 @@ fn open_path_threads(c: &mut Criterion) {
             })
         });
     }
+
+    // The same 8-thread open path while 10,000 other sessions hold grace
+    // windows (as late in a rollout): the naive design scans them all, under
+    // its one lock, on every call.
+    let long_grace = Config {
+        idle_grace: Duration::from_secs(3600),
+        ..Config::default()
+    };
+    let kv_w = Gate::new(long_grace.clone(), Split).expect("valid config");
+    let naive_w = NaiveGate::new(&long_grace, Split);
+    for id in session_ids("others", 10_000) {
+        kv_w.acquire(&id, PROMPT).expect("admitted").release();
+        naive_w.acquire(&id, PROMPT).expect("admitted").release();
+    }
+    let n = 8;
+    g.bench_function(BenchmarkId::new("kvgate/distinct_10k_windows", n), |b| {
+        b.iter_custom(|iters| {
+            parallel(n, iters, |t, k| {
+                gate_cycle(&kv_w, mine(t, n, k), Reason::Open)
+            })
+        })
+    });
+    g.bench_function(BenchmarkId::new("naive/distinct_10k_windows", n), |b| {
+        b.iter_custom(|iters| {
+            parallel(n, iters, |t, k| {
+                let lease = naive_w.acquire(mine(t, n, k), PROMPT).expect("admitted");
+                debug_assert_eq!(lease.reason, Reason::Open);
+                lease.release()
+            })
+        })
+    });
     g.finish();
     let s = kv.stats();
     eprintln!(
@@ -185,6 +216,23 @@ fn open_path_threads(c: &mut Criterion) {
         preempted.load(Ordering::Relaxed),
         s.attempts
     );
+}
+
+/// Under pressure for the `others-*` sessions (each admitted as resident,
+/// so it keeps a window), open for every other session.
+struct Split;
+
+impl kvgate::Probe for Split {
+    fn kv_cache_usage(&self, session: &[u8]) -> Option<f64> {
+        Some(if session.starts_with(b"others") {
+            common::HIGH_USAGE
+        } else {
+            common::LOW_USAGE
+        })
+    }
+    fn prefix_hit_ratio(&self, _session: &[u8], _prompt: &[u32]) -> Option<f64> {
+        Some(1.0)
+    }
 }
 
 fn pressure_paths(c: &mut Criterion) {

@@ -119,6 +119,8 @@ def main():
         kd, nd = c.get(f"open_mt/kvgate/distinct/{t}"), c.get(f"open_mt/naive/distinct/{t}")
         kh, nh = c.get(f"open_mt/kvgate/hot/{t}"), c.get(f"open_mt/naive/hot/{t}")
         p(f"| {t} | {ns(kd)} | {ns(nd)} | {ratio(nd, kd)} | {ns(kh)} | {ns(nh)} | {ratio(nh, kh)} |")
+    kw, nw = c.get("open_mt/kvgate/distinct_10k_windows/8"), c.get("open_mt/naive/distinct_10k_windows/8")
+    p(f"| 8, 10,000 windows held | {ns(kw)} | {ns(nw)} | {ratio(nw, kw)} | | | |")
     p(
         "\n`hot`: every thread uses one session, so kvgate's overlapping attempts "
         "preempt each other as the seed says (a preempted attempt counts as an operation).\n"
