@@ -245,8 +245,9 @@ impl Attempt {
     /// ([`Core::begin_with_slot`]) instead of allocating one.
     pub(crate) fn into_spare_slot(self) -> Option<Arc<Slot>> {
         debug_assert!(self.is_done(), "only an ended attempt gives its slot back");
-        let mut slot = self.slot;
-        Arc::get_mut(&mut slot).is_some().then_some(slot)
+        // No `Weak` to a slot is ever made, so a strong count of one means
+        // nobody else can reach it (and `begin_with_slot` asserts it again).
+        (Arc::strong_count(&self.slot) == 1).then_some(self.slot)
     }
 
     /// Ends the attempt early (its driver gave up, e.g. a probe panicked).
@@ -468,7 +469,9 @@ impl Attempt {
                     shard.counters.wait_ns.add_locked(wait_ns);
                 }
                 record.last_activity = now;
-                core.settle(&mut map, &self.key, now, &shard.counters);
+                if core.settle(record, now, &shard.counters) {
+                    map.remove(&self.key);
+                }
             }
         }
         if std::mem::take(&mut self.holding_event) {

@@ -43,7 +43,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::AcquireError;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use decision::Thresholds;
-use sessions::{bump, Reservation, SessionKey, SessionRecord, SessionTable, ShardMap};
+use sessions::{bump, Reservation, SessionKey, SessionRecord, SessionTable};
 use stats::ShardCounters;
 use timers::{TimerQueue, NEVER};
 pub(crate) use waiters::Slot;
@@ -225,7 +225,9 @@ impl Core {
                     }
                 }
                 debug_assert_eq!(admission.lease_id & self.shard_mask(), index as u64);
-                self.settle(&mut map, &key, now, &shard.counters);
+                if self.settle(record, now, &shard.counters) {
+                    map.remove(&key);
+                }
             } else {
                 debug_assert!(false, "a record with a live lease is never dropped");
             }
@@ -249,10 +251,16 @@ impl Core {
                 self.set_reservation(record, Reservation::None, &shard.counters);
                 record.finished = true;
                 shard.counters.sessions_finished.add_locked(1);
-                (session_stats_of(record, now), record.key.clone())
+                let forget = self.settle(record, now, &shard.counters);
+                (
+                    session_stats_of(record, now),
+                    forget.then(|| record.key.clone()),
+                )
             });
-            found.map(|(last, key)| {
-                self.settle(&mut map, &key, now, &shard.counters);
+            found.map(|(last, forget)| {
+                if let Some(key) = forget {
+                    map.remove(&key);
+                }
                 last
             })
         };
@@ -324,8 +332,10 @@ impl Core {
                     record.window_ended = until;
                     shard.counters.grace_expired.add_locked(1);
                     expired = true;
-                    let key = record.key.clone();
-                    self.settle(&mut map, &key, now, &shard.counters);
+                    if self.settle(record, now, &shard.counters) {
+                        let key = record.key.clone();
+                        map.remove(&key);
+                    }
                 } else {
                     // The window was renewed after this entry was armed.
                     record.grace_timer = until;
@@ -341,8 +351,10 @@ impl Core {
                 continue;
             };
             record.retire_timer = NEVER;
-            let key = record.key.clone();
-            self.settle(&mut map, &key, now, &shard.counters);
+            if self.settle(record, now, &shard.counters) {
+                let key = record.key.clone();
+                map.remove(&key);
+            }
         }
         if expired {
             self.capacity_event();
@@ -433,14 +445,15 @@ impl Core {
         record.reservation = next;
     }
 
-    /// After any change to a record: drop it if it is idle and finished or
-    /// past retention, or arm its retirement if it just became idle.
-    fn settle(&self, map: &mut ShardMap, key: &SessionKey, now: u64, c: &ShardCounters) {
-        let Some(record) = map.get_mut(key) else {
-            return;
-        };
+    /// After any change to `record`: arms its retirement if it just became
+    /// idle, or returns true if it is to be forgotten now (idle, and
+    /// finished or past retention; counted here), which the caller does with
+    /// `ShardMap::remove`. It takes the record the caller already holds:
+    /// looking it up again cost a table probe on every release.
+    #[must_use]
+    fn settle(&self, record: &mut SessionRecord, now: u64, c: &ShardCounters) -> bool {
         if !record.is_idle() {
-            return;
+            return false;
         }
         let retire_at = record
             .last_activity
@@ -450,12 +463,14 @@ impl Core {
             if !record.finished {
                 c.sessions_retired.add_locked(1);
             }
-            map.remove(key);
             c.tracked_sessions.sub_locked(1);
-        } else if record.retire_timer == NEVER || record.retire_timer > retire_at {
+            return true;
+        }
+        if record.retire_timer == NEVER || record.retire_timer > retire_at {
             record.retire_timer = retire_at;
             self.retire_timers.arm(retire_at, record.key.hash);
         }
+        false
     }
 }
 
