@@ -23,9 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvgate::{AcquireError, Config, Gate};
+use kvgate::{AcquireError, Config, Gate, Lease};
 
-use common::naive::{NaiveError, NaiveGate};
+use common::naive::{NaiveError, NaiveGate, NaiveLease};
 use common::{human_ns, session_ids, Percentiles, TokenEngine, CONTROLLER, PROMPT};
 
 /// How a waiter's attempt ended.
@@ -52,6 +52,22 @@ trait Design: Send + Sync {
     fn close(&self);
 }
 
+/// An admitted attempt calls `on_admit`, then releases its lease at once.
+fn admit_then_release<L>(
+    result: Result<L, End>,
+    on_admit: &mut dyn FnMut(),
+    release: impl FnOnce(L),
+) -> End {
+    match result {
+        Ok(lease) => {
+            on_admit();
+            release(lease);
+            End::Admitted
+        }
+        Err(end) => end,
+    }
+}
+
 struct Kvgate {
     gate: Gate,
     engine: Arc<TokenEngine>,
@@ -74,17 +90,13 @@ impl Design for Kvgate {
             None => self.gate.acquire(session, PROMPT),
             Some(t) => self.gate.acquire_timeout(session, PROMPT, t),
         };
-        match result {
-            Ok(lease) => {
-                on_admit();
-                lease.release();
-                End::Admitted
-            }
-            Err(AcquireError::Preempted) => End::Preempted,
-            Err(AcquireError::TimedOut) => End::TimedOut,
-            Err(AcquireError::Closed) => End::Closed,
-            Err(e) => panic!("unexpected {e}"),
-        }
+        let result = result.map_err(|e| match e {
+            AcquireError::Preempted => End::Preempted,
+            AcquireError::TimedOut => End::TimedOut,
+            AcquireError::Closed => End::Closed,
+            AcquireError::Cancelled => panic!("nobody cancels"),
+        });
+        admit_then_release(result, on_admit, Lease::release)
     }
     fn hold(&self) -> Box<dyn FnOnce() + '_> {
         let lease = self
@@ -120,16 +132,13 @@ impl Design for Naive {
         on_admit: &mut dyn FnMut(),
     ) -> End {
         // As the reference proxy calls it: registered, so a newer attempt preempts it.
-        match self.gate.acquire_preemptible(session, PROMPT, timeout) {
-            Ok(lease) => {
-                on_admit();
-                lease.release();
-                End::Admitted
-            }
-            Err(NaiveError::Preempted) => End::Preempted,
-            Err(NaiveError::TimedOut) => End::TimedOut,
-            Err(NaiveError::Closed) => End::Closed,
-        }
+        let result = self.gate.acquire_preemptible(session, PROMPT, timeout);
+        let result = result.map_err(|e| match e {
+            NaiveError::Preempted => End::Preempted,
+            NaiveError::TimedOut => End::TimedOut,
+            NaiveError::Closed => End::Closed,
+        });
+        admit_then_release(result, on_admit, NaiveLease::release)
     }
     fn hold(&self) -> Box<dyn FnOnce() + '_> {
         let lease = self
