@@ -126,6 +126,22 @@ def main():
         "preempt each other as the seed says (a preempted attempt counts as an operation).\n"
     )
 
+    cpo = load("cpu_per_op")
+    if cpo:
+        p("Wall and CPU time per operation over 8 alternating rounds (min / median), `cpu_per_op`:\n")
+        p("| design | threads | wall min | wall median | CPU min | CPU median |")
+        p("|---|---:|---:|---:|---:|---:|")
+        for r in cpo["cpu_per_op"]:
+            p(
+                f"| {r['design']} | {r['threads']} | {ns(r['wall_min_ns'])} | {ns(r['wall_median_ns'])} | "
+                f"{ns(r['cpu_min_ns'])} | {ns(r['cpu_median_ns'])} |"
+            )
+        p(
+            "\nCPU time that grows from 1 to 8 threads is contention (cache lines moving "
+            "between the two cores); wall time at 8 threads is about CPU time / 2 only when "
+            "both cores are free.\n"
+        )
+
     p("### Pressure paths and stats, one thread\n")
     p("| case | kvgate | naive | × naive | kvgate instr. | naive instr. | instr. × naive |")
     p("|---|---:|---:|---:|---:|---:|---:|")
