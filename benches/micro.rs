@@ -44,6 +44,17 @@ fn floor(c: &mut Criterion) {
         b.iter(|| *black_box(&std_mutex).lock().unwrap() += 1)
     });
     g.bench_function("clock_read", |b| b.iter(Instant::now));
+    // What kvgate's gate reads (nanoseconds since its origin), and what it
+    // hashes once per attempt (a 14-byte session id, seeded SipHash).
+    let clock = kvgate::MonotonicClock::new();
+    g.bench_function("clock_read_gate", |b| {
+        b.iter(|| kvgate::Clock::now_ns(black_box(&clock)))
+    });
+    let hasher = std::hash::RandomState::new();
+    let id = b"session-000042";
+    g.bench_function("siphash_session_id", |b| {
+        b.iter(|| std::hash::BuildHasher::hash_one(&hasher, black_box(&id[..])))
+    });
     g.finish();
 }
 

@@ -84,6 +84,8 @@ def main():
         ("floor/mutex_lock_parking_lot", "uncontended mutex lock + unlock (parking_lot)"),
         ("floor/mutex_lock_std", "uncontended mutex lock + unlock (std)"),
         ("floor/clock_read", "one monotonic clock read (`Instant::now`)"),
+        ("floor/clock_read_gate", "one read of the gate's clock (`MonotonicClock::now_ns`)"),
+        ("floor/siphash_session_id", "SipHash of a 14-byte session id (`RandomState`)"),
     ]:
         i = instr.get(key)
         p(f"| {label} | {ns(c.get(key))} | {f'{i:.0f}' if i else 'n/a'} |")
@@ -228,7 +230,11 @@ def main():
         target(f"preemption p99 < 1 ms, {k['waiters']} waiters", ns(k["p99_ns"]), k["p99_ns"] < 1e6)
     if mem:
         r = {r["design"]: r for r in mem["memory"]}["kvgate"]
-        target("≤ 256 B per session", f"{r['bytes_per_session']:.1f} B", r["bytes_per_session"] <= 256)
+        target(
+            f"≤ 256 B per session ({r['sessions']:,} sessions)",
+            f"{r['bytes_per_session']:.1f} B",
+            r["bytes_per_session"] <= 256,
+        )
         back = r["after_retention"] == 0 and r["after_finish_grace"] == 0
         target(
             "back to baseline after expiry (+ retention) / finish (+ grace)",
