@@ -97,12 +97,6 @@ fn main() {
         }
     }
     if bench {
-        let path = common::results_path("cpu_per_op");
-        std::fs::write(
-            &path,
-            format!("{{\n  \"cpu_per_op\": [\n{}\n  ]\n}}\n", json.join(",\n")),
-        )
-        .expect("write results");
-        println!("written to {}", path.display());
+        common::write_results("cpu_per_op", &common::json_rows("cpu_per_op", &json));
     }
 }

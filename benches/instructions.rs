@@ -211,7 +211,5 @@ fn main() {
         .iter()
         .map(|(n, v)| format!("  \"{n}\": {v:.1}"))
         .collect();
-    let path = common::results_path("instructions");
-    std::fs::write(&path, format!("{{\n{}\n}}\n", json.join(",\n"))).expect("write results");
-    println!("written to {}", path.display());
+    common::write_results("instructions", &format!("{{\n{}\n}}\n", json.join(",\n")));
 }

@@ -415,14 +415,12 @@ fn main() {
     );
 
     if bench {
-        let path = common::results_path("latency");
         let body = format!(
             "{{\n  \"wakeup\": {},\n  \"preemption\": {}\n}}\n",
             json(&wake_rows, "probes_per_admission"),
             json(&preempt_rows, "probe_calls")
         );
-        std::fs::write(&path, body).expect("write results");
-        println!("written to {}", path.display());
+        common::write_results("latency", &body);
     } else {
         println!("latency: smoke run passed (no timing asserted)");
     }

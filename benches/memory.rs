@@ -241,12 +241,6 @@ fn main() {
                 )
             })
             .collect();
-        let path = common::results_path("memory");
-        std::fs::write(
-            &path,
-            format!("{{\n  \"memory\": [\n{}\n  ]\n}}\n", rows.join(",\n")),
-        )
-        .expect("write results");
-        println!("written to {}", path.display());
+        common::write_results("memory", &common::json_rows("memory", &rows));
     }
 }

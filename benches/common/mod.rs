@@ -147,15 +147,23 @@ pub fn human_ns(ns: f64) -> String {
     }
 }
 
-/// Where the custom-harness benches leave their figures for
-/// `benches/report.py` (next to criterion's own, under `target/`).
-pub fn results_path(name: &str) -> std::path::PathBuf {
+/// Leaves a custom-harness bench's figures (a JSON document) where
+/// `benches/report.py` reads them: `target/kvgate-bench/NAME.json`, next to
+/// criterion's own results.
+pub fn write_results(name: &str, json: &str) {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
     let dir = target.join("kvgate-bench");
     std::fs::create_dir_all(&dir).expect("create target/kvgate-bench");
-    dir.join(format!("{name}.json"))
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(&path, json).expect("write results");
+    println!("written to {}", path.display());
+}
+
+/// A JSON object with one field, `key`, holding the array of `rows`.
+pub fn json_rows(key: &str, rows: &[String]) -> String {
+    format!("{{\n  \"{key}\": [\n{}\n  ]\n}}\n", rows.join(",\n"))
 }
 
 /// One `acquire` + `release` on the blocking gate (debug builds check the reason).
