@@ -1,12 +1,14 @@
 //! The blocking gate: drives the sans-IO core with the calling thread, the
 //! host's probes and a monotonic clock.
 
+#[cfg(not(loom))]
+use std::cell::Cell;
 use std::fmt;
 use std::time::Duration;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{duration_ns, Config, ConfigError};
-use crate::core::{Attempt, Core, GateStats, LeaseToken, SessionStats, Step};
+use crate::core::{Attempt, Core, GateStats, LeaseToken, SessionStats, Slot, Step};
 use crate::error::AcquireError;
 use crate::lease::Lease;
 use crate::parker::{Parker, ParkerHandle};
@@ -48,14 +50,61 @@ impl fmt::Debug for Gate {
 /// slot is left behind.
 struct Driving<'a> {
     shared: &'a Shared,
-    attempt: Attempt,
+    /// `None` only once the attempt has ended and been taken back.
+    attempt: Option<Attempt>,
 }
 
 impl Drop for Driving<'_> {
     fn drop(&mut self) {
-        self.attempt
-            .abandon(&self.shared.core, self.shared.clock.now_ns());
+        if let Some(attempt) = &mut self.attempt {
+            attempt.abandon(&self.shared.core, self.shared.clock.now_ns());
+        }
     }
+}
+
+/// What a thread needs to wait in `acquire`: a parker and an attempt slot
+/// whose notifier unparks it.
+///
+/// Why it is kept per thread: allocating the parker, its notifier box and
+/// the slot cost three allocations and three frees per `acquire`, about 500
+/// of the open path's 2,800 instructions (callgrind, benches/README.md). A
+/// thread takes its spare for the attempt and puts it back when the attempt
+/// has ended and nobody else holds the slot; a nested `acquire` (a probe
+/// calling back into a gate) finds no spare and makes its own.
+struct ThreadWaker {
+    parker: Arc<Parker>,
+    slot: Arc<Slot>,
+}
+
+impl ThreadWaker {
+    fn take() -> Self {
+        #[cfg(not(loom))]
+        if let Some(spare) = SPARE.try_with(Cell::take).ok().flatten() {
+            return spare;
+        }
+        let parker = Parker::new();
+        let slot = Arc::new(Slot::new(Box::new(ParkerHandle(parker.clone()))));
+        Self { parker, slot }
+    }
+
+    /// Keeps the parker and the ended attempt's slot for this thread's next
+    /// attempt, if nobody else holds the slot any more.
+    fn give_back(parker: Arc<Parker>, attempt: Attempt) {
+        let Some(slot) = attempt.into_spare_slot() else {
+            return;
+        };
+        // Fails only while the thread is exiting: then it is simply dropped.
+        #[cfg(not(loom))]
+        let _ = SPARE.try_with(|spare| spare.set(Some(ThreadWaker { parker, slot })));
+        // Under loom, objects must not outlive one model execution.
+        #[cfg(loom)]
+        drop((parker, slot));
+    }
+}
+
+#[cfg(not(loom))]
+thread_local! {
+    static SPARE: Cell<Option<ThreadWaker>> = const { Cell::new(None) };
 }
 
 impl Gate {
@@ -118,36 +167,41 @@ impl Gate {
     ) -> Result<Lease, AcquireError> {
         let shared = &*self.shared;
         let clock = &*shared.clock;
-        let parker = Parker::new();
+        let ThreadWaker { parker, slot } = ThreadWaker::take();
         let started = clock.now_ns();
-        let attempt = shared.core.begin(
-            session,
-            prompt.len(),
-            started,
-            deadline,
-            Box::new(ParkerHandle(parker.clone())),
-        )?;
-        let mut driving = Driving { shared, attempt };
+        let attempt =
+            shared
+                .core
+                .begin_with_slot(session, prompt.len(), started, deadline, slot)?;
+        let mut driving = Driving {
+            shared,
+            attempt: Some(attempt),
+        };
         let core = &shared.core;
-        let mut step = driving.attempt.start(core, started);
-        loop {
+        let attempt = driving.attempt.as_mut().expect("taken back only below");
+        let mut step = attempt.start(core, started);
+        let outcome = loop {
             step = match step {
                 Step::ProbeUsage => {
                     let raw = shared.probe.kv_cache_usage(session);
-                    driving.attempt.on_usage(core, raw, clock.now_ns())
+                    attempt.on_usage(core, raw, clock.now_ns())
                 }
                 Step::ProbePrefix => {
                     let raw = shared.probe.prefix_hit_ratio(session, prompt);
-                    driving.attempt.on_prefix(core, raw, clock.now_ns())
+                    attempt.on_prefix(core, raw, clock.now_ns())
                 }
                 Step::Sleep { until_ns } => {
                     parker.park_until(clock, until_ns);
-                    driving.attempt.on_wake(core, clock.now_ns())
+                    attempt.on_wake(core, clock.now_ns())
                 }
-                Step::Admitted(token) => return Ok(Lease::new(self.shared.clone(), token)),
-                Step::Failed(err) => return Err(err),
+                Step::Admitted(token) => break Ok(Lease::new(self.shared.clone(), token)),
+                Step::Failed(err) => break Err(err),
             };
+        };
+        if let Some(ended) = driving.attempt.take() {
+            ThreadWaker::give_back(parker, ended);
         }
+        outcome
     }
 
     /// Ends `session`'s ownership window and forgets the session once it

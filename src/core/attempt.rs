@@ -17,7 +17,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::decision::{decide, Decision, Facts, Reason};
-use super::sessions::{Reservation, SessionKey};
+use super::sessions::{bump, Reservation, SessionKey, ShardMap};
+use super::stats::Probed;
 use super::waiters::{Enqueued, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
 use super::Core;
 use crate::error::AcquireError;
@@ -185,18 +186,8 @@ impl Attempt {
     pub fn on_usage(&mut self, core: &Core, raw: Option<f64>, now: u64) -> Step {
         assert_eq!(self.phase, Phase::AwaitUsage, "on_usage answers ProbeUsage");
         let answer = ProbeAnswer::from_raw(raw);
-        let c = &core.shard_of(&self.key).1.counters;
-        c.usage_probes.add(1);
-        match answer {
-            ProbeAnswer::Value(_) => {}
-            ProbeAnswer::Unavailable => c.usage_unavailable.add(1),
-            ProbeAnswer::Invalid => {
-                c.usage_unavailable.add(1);
-                c.usage_invalid.add(1);
-            }
-        }
         self.facts.usage = Some(answer);
-        self.decide(core, now)
+        self.decide(core, now, Probed::Usage(answer))
     }
 
     /// Feeds the prefix probe's raw answer, received at `now`.
@@ -207,18 +198,8 @@ impl Attempt {
             "on_prefix answers ProbePrefix"
         );
         let answer = ProbeAnswer::from_raw(raw);
-        let c = &core.shard_of(&self.key).1.counters;
-        c.prefix_probes.add(1);
-        match answer {
-            ProbeAnswer::Value(_) => {}
-            ProbeAnswer::Unavailable => c.prefix_unavailable.add(1),
-            ProbeAnswer::Invalid => {
-                c.prefix_unavailable.add(1);
-                c.prefix_invalid.add(1);
-            }
-        }
         self.facts.prefix = Some(answer);
-        self.decide(core, now)
+        self.decide(core, now, Probed::Prefix(answer))
     }
 
     /// After a `Sleep`: the notifier fired or `until` passed (or the driver
@@ -259,6 +240,16 @@ impl Attempt {
         }
     }
 
+    /// The slot of this ended attempt, if nothing else holds it any more, so
+    /// its driver can begin its next attempt with it
+    /// ([`Core::begin_with_slot`]) instead of allocating one.
+    pub(crate) fn into_spare_slot(self) -> Option<Arc<Slot>> {
+        debug_assert!(self.is_done(), "only an ended attempt gives its slot back");
+        // No `Weak` to a slot is ever made, so a strong count of one means
+        // nobody else can reach it (and `begin_with_slot` asserts it again).
+        (Arc::strong_count(&self.slot) == 1).then_some(self.slot)
+    }
+
     /// Ends the attempt early (its driver gave up, e.g. a probe panicked).
     /// Counted as cancelled. A no-op once the attempt is done.
     pub fn abandon(&mut self, core: &Core, now: u64) {
@@ -284,38 +275,42 @@ impl Attempt {
     }
 
     /// Runs the table under the session's lock, admitting atomically if it says so.
-    fn decide(&mut self, core: &Core, now: u64) -> Step {
+    fn decide(&mut self, core: &Core, now: u64, probed: Probed) -> Step {
         let (index, shard) = core.shard_of(&self.key);
         let decision = 'locked: {
             let mut guard = shard.lock();
+            // Counted under the lock, like every other counter of the shard.
+            shard.counters.count_probe(probed);
             // Checked under the lock that admission takes: a newer attempt or a
             // cancel sealed our fate before, or sees us admitted after.
             if let Some(err) = self.fate(core) {
                 drop(guard);
                 return self.fail(core, err, now);
             }
-            let map = &mut *guard;
-            let record = map
-                .get_mut(&self.key)
+            let ShardMap { sessions, ids } = &mut *guard;
+            let record = sessions
+                .find_mut(self.key.hash, |r| r.key == self.key)
                 .expect("a record with a pending attempt is never dropped");
-            debug_assert_eq!(record.newest_attempt, self.slot.attempt_id);
+            debug_assert!(
+                record
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| Arc::ptr_eq(p, &self.slot)),
+                "an attempt whose fate is open is its session's pending one"
+            );
             self.facts.reserved = record.reservation.held_at(now);
             let decision = decide(core.thresholds, self.facts);
             let Decision::Admit(reason) = decision else {
                 break 'locked decision;
             };
             let bits = core.table.shard_bits();
-            let record = map
-                .sessions
-                .get_mut(&self.key.bytes[..])
-                .expect("looked up above");
             let window = reason.retains_session().then(|| {
                 if let Reservation::Grace { until, .. } = record.reservation {
                     if until <= now {
                         // Over before this decision but not purged yet (the
                         // pass purged when it began): it ended by expiry, so
                         // count it as `purge` would, before a new one replaces it.
-                        shard.counters.grace_expired.add(1);
+                        shard.counters.grace_expired.add_locked(1);
                         record.window_ended = until;
                     }
                 }
@@ -330,7 +325,7 @@ impl Attempt {
                     }
                     Reservation::Grace { .. } | Reservation::None => Reservation::InFlight {
                         holders: 1,
-                        id: map.ids.mint(index, bits),
+                        id: ids.mint(index, bits),
                     },
                 };
                 core.set_reservation(record, next, &shard.counters);
@@ -339,22 +334,22 @@ impl Attempt {
                     _ => unreachable!("retaining admissions are in flight"),
                 }
             });
-            let lease_id = map.ids.mint(index, bits);
+            let lease_id = ids.mint(index, bits);
             record.pending = None;
             record.active_leases += 1;
-            record.last_admitted_prompt_len = self.prompt_len;
+            record.last_admitted_prompt_len = u32::try_from(self.prompt_len).unwrap_or(u32::MAX);
             record.last_activity = now;
-            record.counters.admissions += 1;
+            bump(&mut record.counters.admissions);
             let wait_ns = now.saturating_sub(self.started);
             if self.waited {
-                record.counters.waits += 1;
+                bump(&mut record.counters.waits);
                 record.counters.wait_ns += wait_ns;
-                shard.counters.waits.add(1);
-                shard.counters.wait_ns.add(wait_ns);
+                shard.counters.waits.add_locked(1);
+                shard.counters.wait_ns.add_locked(wait_ns);
             }
-            shard.counters.admissions[reason.index()].add(1);
-            shard.counters.active_leases.add(1);
-            shard.counters.pending_attempts.sub(1);
+            shard.counters.admissions[reason.index()].add_locked(1);
+            shard.counters.active_leases.add_locked(1);
+            shard.counters.pending_attempts.sub_locked(1);
             drop(guard);
             self.phase = Phase::Done;
             let token = LeaseToken {
@@ -466,30 +461,32 @@ impl Attempt {
                     // A preempted attempt's slot was already replaced (and the
                     // gauge handed over) by its successor.
                     record.pending = None;
-                    shard.counters.pending_attempts.sub(1);
+                    shard.counters.pending_attempts.sub_locked(1);
                 }
                 match err {
                     // Counted when sealed, by `begin`.
                     AcquireError::Preempted => {}
                     AcquireError::TimedOut => {
-                        record.counters.timed_out += 1;
-                        shard.counters.timed_out.add(1);
+                        bump(&mut record.counters.timed_out);
+                        shard.counters.timed_out.add_locked(1);
                     }
                     AcquireError::Cancelled => {
-                        record.counters.cancelled += 1;
-                        shard.counters.cancelled.add(1);
+                        bump(&mut record.counters.cancelled);
+                        shard.counters.cancelled.add_locked(1);
                     }
                     AcquireError::Closed => shard.counters.closed.add(1),
                 }
                 if self.waited {
                     let wait_ns = now.saturating_sub(self.started);
-                    record.counters.waits += 1;
+                    bump(&mut record.counters.waits);
                     record.counters.wait_ns += wait_ns;
-                    shard.counters.waits.add(1);
-                    shard.counters.wait_ns.add(wait_ns);
+                    shard.counters.waits.add_locked(1);
+                    shard.counters.wait_ns.add_locked(wait_ns);
                 }
                 record.last_activity = now;
-                core.settle(&mut map, &self.key, now, &shard.counters);
+                if core.settle(record, now, &shard.counters) {
+                    map.remove(&self.key);
+                }
             }
         }
         if std::mem::take(&mut self.holding_event) {

@@ -43,10 +43,11 @@ use crate::config::{Config, ConfigError};
 use crate::error::AcquireError;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use decision::Thresholds;
-use sessions::{Reservation, SessionKey, SessionRecord, SessionTable, ShardMap};
+use sessions::{bump, Reservation, SessionKey, SessionRecord, SessionTable};
 use stats::ShardCounters;
-use timers::TimerQueue;
-use waiters::{Slot, Waiters, CANCELLED, PREEMPTED};
+use timers::{TimerQueue, NEVER};
+pub(crate) use waiters::Slot;
+use waiters::{Waiters, CANCELLED, PREEMPTED};
 
 /// Most timer entries one caller fires at once: bounds the latency a purge
 /// adds to whoever happens to look; the rest is left to the next caller.
@@ -137,6 +138,21 @@ impl Core {
         deadline: Option<u64>,
         notifier: Box<dyn Notify>,
     ) -> Result<Attempt, AcquireError> {
+        let slot = Arc::new(Slot::new(notifier));
+        self.begin_with_slot(session, prompt_len, now, deadline, slot)
+    }
+
+    /// [`Core::begin`] with a slot nobody else holds: a new one, or one that
+    /// [`Attempt::into_spare_slot`] handed back. The blocking gate keeps one
+    /// per thread, so its attempts allocate nothing.
+    pub(crate) fn begin_with_slot(
+        &self,
+        session: &[u8],
+        prompt_len: usize,
+        now: u64,
+        deadline: Option<u64>,
+        mut slot: Arc<Slot>,
+    ) -> Result<Attempt, AcquireError> {
         let hash = self.table.hash(session);
         let index = self.table.shard_index(hash);
         let shard = self.table.shard(index);
@@ -145,27 +161,28 @@ impl Core {
             return Err(AcquireError::Closed);
         }
         self.purge(now);
-        let (slot, key, superseded) = {
+        let (key, superseded) = {
             let mut map = shard.lock();
             let id = map.ids.mint(index, self.table.shard_bits());
-            let slot = Arc::new(Slot::new(id, notifier));
+            Arc::get_mut(&mut slot)
+                .expect("begin takes a slot nobody else holds")
+                .ready(id);
             let record = map.get_or_insert(session, hash, now, &shard.counters);
             let superseded = record.pending.replace(slot.clone());
             if let Some(old) = &superseded {
                 // Sealed under the lock: the old attempt can no longer be admitted.
                 if old.set_fate(PREEMPTED) {
-                    record.counters.preempted += 1;
-                    shard.counters.preempted.add(1);
+                    bump(&mut record.counters.preempted);
+                    shard.counters.preempted.add_locked(1);
                 }
             } else {
-                shard.counters.pending_attempts.add(1);
+                shard.counters.pending_attempts.add_locked(1);
             }
-            record.newest_attempt = id;
             record.finished = false;
             record.last_activity = now;
-            record.counters.attempts += 1;
-            shard.counters.attempts.add(1);
-            (slot, record.key.clone(), superseded)
+            bump(&mut record.counters.attempts);
+            shard.counters.attempts.add_locked(1);
+            (record.key.clone(), superseded)
         };
         if let Some(old) = superseded {
             self.waiters.wake_slot(&old, &self.grace_timers);
@@ -185,8 +202,8 @@ impl Core {
             if let Some(record) = map.get_mut(&key) {
                 record.active_leases -= 1;
                 record.last_activity = now;
-                shard.counters.active_leases.sub(1);
-                shard.counters.releases.add(1);
+                shard.counters.active_leases.sub_locked(1);
+                shard.counters.releases.add_locked(1);
                 if let (Some(window), Reservation::InFlight { holders, id }) =
                     (window, record.reservation)
                 {
@@ -208,7 +225,9 @@ impl Core {
                     }
                 }
                 debug_assert_eq!(admission.lease_id & self.shard_mask(), index as u64);
-                self.settle(&mut map, &key, now, &shard.counters);
+                if self.settle(record, now, &shard.counters) {
+                    map.remove(&key);
+                }
             } else {
                 debug_assert!(false, "a record with a live lease is never dropped");
             }
@@ -224,20 +243,26 @@ impl Core {
     /// the session was not tracked.
     pub fn finish_session(&self, session: &[u8], now: u64) -> Option<SessionStats> {
         self.purge(now);
-        let key = self.lookup_key(session);
-        let (_, shard) = self.shard_of(&key);
+        let hash = self.table.hash(session);
+        let shard = self.shard_of_hash(hash);
         let last = {
             let mut map = shard.lock();
-            let last = map.get_mut(&key).map(|record| {
+            let found = map.find_mut(hash, session).map(|record| {
                 self.set_reservation(record, Reservation::None, &shard.counters);
                 record.finished = true;
-                shard.counters.sessions_finished.add(1);
-                session_stats_of(record, now)
+                shard.counters.sessions_finished.add_locked(1);
+                let forget = self.settle(record, now, &shard.counters);
+                (
+                    session_stats_of(record, now),
+                    forget.then(|| record.key.clone()),
+                )
             });
-            if last.is_some() {
-                self.settle(&mut map, &key, now, &shard.counters);
-            }
-            last
+            found.map(|(last, forget)| {
+                if let Some(key) = forget {
+                    map.remove(&key);
+                }
+                last
+            })
         };
         self.capacity_event();
         last
@@ -247,11 +272,11 @@ impl Core {
     /// it returns [`AcquireError::Cancelled`] promptly. Returns whether one
     /// was cancelled.
     pub fn cancel_session(&self, session: &[u8]) -> bool {
-        let key = self.lookup_key(session);
-        let (_, shard) = self.shard_of(&key);
+        let hash = self.table.hash(session);
+        let shard = self.shard_of_hash(hash);
         let target = {
             let mut map = shard.lock();
-            map.get_mut(&key)
+            map.find_mut(hash, session)
                 .and_then(|r| r.pending.clone())
                 .filter(|slot| slot.set_fate(CANCELLED))
         };
@@ -292,42 +317,44 @@ impl Core {
         let mut due = Vec::new();
         let mut expired = false;
         self.grace_timers.pop_due(now, PURGE_BATCH, &mut due);
-        for (deadline, key) in due.drain(..) {
-            let (_, shard) = self.shard_of(&key);
+        for (deadline, hash) in due.drain(..) {
+            let shard = self.shard_of_hash(hash);
             let mut map = shard.lock();
-            let Some(record) = map.get_mut(&key) else {
+            // Stale (superseded by a re-arm, or the record is gone) unless a
+            // record of this hash still has its entry due at this deadline.
+            let Some(record) = map.find_by_hash(hash, |r| r.grace_timer == deadline) else {
                 continue;
             };
-            if record.grace_timer != Some(deadline) {
-                continue; // stale: superseded by a re-arm
-            }
-            record.grace_timer = None;
+            record.grace_timer = NEVER;
             if let Reservation::Grace { until, .. } = record.reservation {
                 if until <= now {
                     self.set_reservation(record, Reservation::None, &shard.counters);
                     record.window_ended = until;
-                    shard.counters.grace_expired.add(1);
+                    shard.counters.grace_expired.add_locked(1);
                     expired = true;
-                    self.settle(&mut map, &key, now, &shard.counters);
+                    if self.settle(record, now, &shard.counters) {
+                        let key = record.key.clone();
+                        map.remove(&key);
+                    }
                 } else {
                     // The window was renewed after this entry was armed.
-                    record.grace_timer = Some(until);
-                    self.grace_timers.arm(until, key.clone());
+                    record.grace_timer = until;
+                    self.grace_timers.arm(until, hash);
                 }
             }
         }
         self.retire_timers.pop_due(now, PURGE_BATCH, &mut due);
-        for (deadline, key) in due.drain(..) {
-            let (_, shard) = self.shard_of(&key);
+        for (deadline, hash) in due.drain(..) {
+            let shard = self.shard_of_hash(hash);
             let mut map = shard.lock();
-            let Some(record) = map.get_mut(&key) else {
+            let Some(record) = map.find_by_hash(hash, |r| r.retire_timer == deadline) else {
                 continue;
             };
-            if record.retire_timer != Some(deadline) {
-                continue;
+            record.retire_timer = NEVER;
+            if self.settle(record, now, &shard.counters) {
+                let key = record.key.clone();
+                map.remove(&key);
             }
-            record.retire_timer = None;
-            self.settle(&mut map, &key, now, &shard.counters);
         }
         if expired {
             self.capacity_event();
@@ -351,10 +378,10 @@ impl Core {
     /// A snapshot of one session's figures, or `None` if it is not tracked.
     pub fn session_stats(&self, session: &[u8], now: u64) -> Option<SessionStats> {
         self.purge(now);
-        let key = self.lookup_key(session);
-        let (_, shard) = self.shard_of(&key);
-        let mut map = shard.lock();
-        map.get_mut(&key).map(|r| session_stats_of(r, now))
+        let hash = self.table.hash(session);
+        let mut map = self.shard_of_hash(hash).lock();
+        map.find_mut(hash, session)
+            .map(|r| session_stats_of(r, now))
     }
 
     /// Number of timer entries held (live and stale), for memory accounting.
@@ -364,13 +391,6 @@ impl Core {
 
     // ---- internals shared with `Attempt` ----
 
-    fn lookup_key(&self, session: &[u8]) -> SessionKey {
-        SessionKey {
-            hash: self.table.hash(session),
-            bytes: session.into(),
-        }
-    }
-
     fn shard_mask(&self) -> u64 {
         (1u64 << self.table.shard_bits()) - 1
     }
@@ -378,6 +398,10 @@ impl Core {
     fn shard_of(&self, key: &SessionKey) -> (usize, &sessions::Shard) {
         let index = self.table.shard_index(key.hash);
         (index, self.table.shard(index))
+    }
+
+    fn shard_of_hash(&self, hash: u64) -> &sessions::Shard {
+        self.table.shard(self.table.shard_index(hash))
     }
 
     fn epoch(&self) -> u64 {
@@ -405,18 +429,18 @@ impl Core {
     fn set_reservation(&self, record: &mut SessionRecord, next: Reservation, c: &ShardCounters) {
         match record.reservation {
             Reservation::None => {}
-            Reservation::InFlight { .. } => c.reserved_in_flight.sub(1),
-            Reservation::Grace { .. } => c.reserved_in_grace.sub(1),
+            Reservation::InFlight { .. } => c.reserved_in_flight.sub_locked(1),
+            Reservation::Grace { .. } => c.reserved_in_grace.sub_locked(1),
         }
         match next {
             Reservation::None => {}
-            Reservation::InFlight { .. } => c.reserved_in_flight.add(1),
+            Reservation::InFlight { .. } => c.reserved_in_flight.add_locked(1),
             Reservation::Grace { until, .. } => {
-                c.reserved_in_grace.add(1);
+                c.reserved_in_grace.add_locked(1);
                 // One live entry per record: an earlier entry re-arms itself when it fires.
-                if record.grace_timer.is_none_or(|armed| armed > until) {
-                    record.grace_timer = Some(until);
-                    self.grace_timers.arm(until, record.key.clone());
+                if record.grace_timer == NEVER || record.grace_timer > until {
+                    record.grace_timer = until;
+                    self.grace_timers.arm(until, record.key.hash);
                 }
                 self.waiters.expiry_added(until);
             }
@@ -424,14 +448,15 @@ impl Core {
         record.reservation = next;
     }
 
-    /// After any change to a record: drop it if it is idle and finished or
-    /// past retention, or arm its retirement if it just became idle.
-    fn settle(&self, map: &mut ShardMap, key: &SessionKey, now: u64, c: &ShardCounters) {
-        let Some(record) = map.get_mut(key) else {
-            return;
-        };
+    /// After any change to `record`: arms its retirement if it just became
+    /// idle, or returns true if it is to be forgotten now (idle, and
+    /// finished or past retention; counted here), which the caller does with
+    /// `ShardMap::remove`. It takes the record the caller already holds:
+    /// looking it up again cost a table probe on every release.
+    #[must_use]
+    fn settle(&self, record: &mut SessionRecord, now: u64, c: &ShardCounters) -> bool {
         if !record.is_idle() {
-            return;
+            return false;
         }
         let retire_at = record
             .last_activity
@@ -439,14 +464,16 @@ impl Core {
             .saturating_add(self.retention_ns);
         if record.finished || retire_at <= now {
             if !record.finished {
-                c.sessions_retired.add(1);
+                c.sessions_retired.add_locked(1);
             }
-            map.sessions.remove(&key.bytes[..]);
-            c.tracked_sessions.sub(1);
-        } else if record.retire_timer.is_none_or(|armed| armed > retire_at) {
-            record.retire_timer = Some(retire_at);
-            self.retire_timers.arm(retire_at, record.key.clone());
+            c.tracked_sessions.sub_locked(1);
+            return true;
         }
+        if record.retire_timer == NEVER || record.retire_timer > retire_at {
+            record.retire_timer = retire_at;
+            self.retire_timers.arm(retire_at, record.key.hash);
+        }
+        false
     }
 }
 
@@ -462,17 +489,17 @@ fn session_stats_of(r: &SessionRecord, now: u64) -> SessionStats {
         },
     };
     SessionStats {
-        num_preempted: r.counters.preempted,
-        attempts: r.counters.attempts,
-        admissions: r.counters.admissions,
-        waits: r.counters.waits,
+        num_preempted: r.counters.preempted.into(),
+        attempts: r.counters.attempts.into(),
+        admissions: r.counters.admissions.into(),
+        waits: r.counters.waits.into(),
         wait_time: Duration::from_nanos(r.counters.wait_ns),
-        timed_out: r.counters.timed_out,
-        cancelled: r.counters.cancelled,
+        timed_out: r.counters.timed_out.into(),
+        cancelled: r.counters.cancelled.into(),
         active_leases: r.active_leases,
         attempt_pending: r.pending.is_some(),
         reservation,
-        last_admitted_prompt_len: r.last_admitted_prompt_len,
+        last_admitted_prompt_len: r.last_admitted_prompt_len as usize,
         idle_for: Duration::from_nanos(now.saturating_sub(r.last_activity)),
     }
 }

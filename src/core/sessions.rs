@@ -4,23 +4,37 @@
 //! touched under that shard's lock, so operations on different sessions run
 //! in parallel and operations on one session are linearised by one lock.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc as StdArc;
 
 use crossbeam_utils::CachePadded;
+use hashbrown::hash_table::{Entry, HashTable};
 
 use crate::core::stats::ShardCounters;
+use crate::core::timers::NEVER;
 use crate::core::waiters::Slot;
 use crate::sync::{Arc, Mutex, MutexGuard};
 
 /// A session id with its precomputed hash. Cloning shares the bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct SessionKey {
     pub(crate) hash: u64,
     // std Arc: immutable bytes need no model checking.
     pub(crate) bytes: StdArc<[u8]>,
 }
+
+/// Keys compare by hash, then by pointer, then by bytes. The keys an
+/// attempt, a lease or a timer carry are clones of their record's key, so
+/// the pointer settles nearly every lookup (std's `Arc` equality takes that
+/// shortcut only for sized contents, not for `[u8]`).
+impl PartialEq for SessionKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash
+            && (StdArc::ptr_eq(&self.bytes, &other.bytes) || self.bytes == other.bytes)
+    }
+}
+
+impl Eq for SessionKey {}
 
 /// A session's ownership window.
 ///
@@ -58,37 +72,49 @@ impl Reservation {
 }
 
 /// Per-session counters, reported by `session_stats`.
+///
+/// Counts are `u32` and saturate (see [`bump`]): a session does not come
+/// near four billion attempts, and the narrow fields are part of what keeps
+/// a tracked session under 256 bytes (benches/README.md, memory). The wait
+/// total stays in `u64` nanoseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct SessionCounters {
-    pub(crate) attempts: u64,
-    pub(crate) admissions: u64,
-    pub(crate) preempted: u64,
-    pub(crate) waits: u64,
+    pub(crate) attempts: u32,
+    pub(crate) admissions: u32,
+    pub(crate) preempted: u32,
+    pub(crate) waits: u32,
+    pub(crate) timed_out: u32,
+    pub(crate) cancelled: u32,
     pub(crate) wait_ns: u64,
-    pub(crate) timed_out: u64,
-    pub(crate) cancelled: u64,
 }
 
+/// Adds one to a per-session count, saturating at `u32::MAX`.
+pub(crate) fn bump(count: &mut u32) {
+    *count = count.saturating_add(1);
+}
+
+/// One tracked session. Its size is the table's cost per session; keep new
+/// fields narrow (`tests::record_stays_small`).
 #[derive(Debug)]
 pub(crate) struct SessionRecord {
     pub(crate) key: SessionKey,
-    /// The attempt currently competing for admission (probing or waiting).
+    /// The attempt currently competing for admission (probing or waiting);
+    /// only the newest attempt begun can be here, so an older one is never
+    /// admitted.
     pub(crate) pending: Option<Arc<Slot>>,
-    /// Id of the newest attempt begun; an older one is never admitted.
-    pub(crate) newest_attempt: u64,
     pub(crate) active_leases: u32,
     pub(crate) reservation: Reservation,
     /// Set by `finish_session` while leases or an attempt still exist; the
     /// record is dropped as soon as it becomes idle.
     pub(crate) finished: bool,
-    /// Deadline of this record's live entry in the grace queue, if any.
-    pub(crate) grace_timer: Option<u64>,
-    /// Deadline of this record's live entry in the retire queue, if any.
-    pub(crate) retire_timer: Option<u64>,
+    /// Deadline of this record's live entry in the grace queue, or [`NEVER`].
+    pub(crate) grace_timer: u64,
+    /// Deadline of this record's live entry in the retire queue, or [`NEVER`].
+    pub(crate) retire_timer: u64,
     pub(crate) counters: SessionCounters,
-    /// Prompt length of the newest admitted attempt and when the session was
-    /// last active: what a footprint-aware pressure signal needs.
-    pub(crate) last_admitted_prompt_len: usize,
+    /// Prompt length of the newest admitted attempt (saturating) and when the
+    /// session was last active: what a footprint-aware pressure signal needs.
+    pub(crate) last_admitted_prompt_len: u32,
     pub(crate) last_activity: u64,
     /// When the last grace window ran out: idleness (and so retention)
     /// starts at the later of this and `last_activity`.
@@ -100,12 +126,11 @@ impl SessionRecord {
         Self {
             key,
             pending: None,
-            newest_attempt: 0,
             active_leases: 0,
             reservation: Reservation::None,
             finished: false,
-            grace_timer: None,
-            retire_timer: None,
+            grace_timer: NEVER,
+            retire_timer: NEVER,
             counters: SessionCounters::default(),
             last_admitted_prompt_len: 0,
             last_activity: now,
@@ -120,9 +145,17 @@ impl SessionRecord {
 }
 
 /// The map half of a shard, guarded by the shard lock.
+///
+/// A `HashTable` rather than a `HashMap`: the id is hashed once, when an
+/// attempt begins (or a host call names a session), and every later lookup
+/// of the same session (admission, release, settle, timers) reuses the hash
+/// carried in its [`SessionKey`]. With a `HashMap` each lookup re-ran SipHash
+/// over the id: seven times per open-path acquire + release, 55% of the
+/// core's instructions (callgrind, benches/README.md). The record holds its
+/// own key, so the map stores no second copy of it (16 bytes per session).
 #[derive(Debug, Default)]
 pub(crate) struct ShardMap {
-    pub(crate) sessions: HashMap<StdArc<[u8]>, SessionRecord>,
+    pub(crate) sessions: HashTable<SessionRecord>,
     /// Source of attempt, lease and window ids minted in this shard.
     pub(crate) ids: IdMint,
 }
@@ -142,12 +175,59 @@ impl IdMint {
     }
 }
 
+/// The capacity to shrink a table or queue of `len` entries to, if its
+/// `capacity` has become more than four times what it holds.
+///
+/// Why: neither hash tables nor heaps give memory back by themselves, so
+/// after a burst of 100,000 sessions had finished or retired the gate kept
+/// their 26 MB (benches/README.md, memory). Shrinking to twice the length
+/// when a quarter is used keeps the cost amortised (the next shrink needs
+/// half the entries gone again) and an empty table frees everything.
+pub(crate) fn sparse(len: usize, capacity: usize) -> Option<usize> {
+    (len * 4 < capacity).then_some(len * 2)
+}
+
+/// Whether `record` is the session `bytes` whose hash is `hash` (the full
+/// hash is compared first: it is at hand and settles most mismatches).
+fn is_session(record: &SessionRecord, hash: u64, bytes: &[u8]) -> bool {
+    record.key.hash == hash && *record.key.bytes == *bytes
+}
+
 impl ShardMap {
+    /// The record of `key` (a key cloned from a record compares by pointer first).
     pub(crate) fn get_mut(&mut self, key: &SessionKey) -> Option<&mut SessionRecord> {
-        self.sessions.get_mut(&key.bytes[..])
+        self.sessions.find_mut(key.hash, |r| r.key == *key)
+    }
+
+    /// The record of session `bytes`, whose hash (by [`SessionTable::hash`]) is `hash`.
+    pub(crate) fn find_mut(&mut self, hash: u64, bytes: &[u8]) -> Option<&mut SessionRecord> {
+        self.sessions.find_mut(hash, |r| is_session(r, hash, bytes))
+    }
+
+    /// A record whose id hashes to `hash` and that satisfies `pick` (timer
+    /// entries name their record by hash and deadline only).
+    pub(crate) fn find_by_hash(
+        &mut self,
+        hash: u64,
+        mut pick: impl FnMut(&SessionRecord) -> bool,
+    ) -> Option<&mut SessionRecord> {
+        self.sessions
+            .find_mut(hash, |r| r.key.hash == hash && pick(r))
+    }
+
+    /// Drops the record of `key`, if any, and gives memory back once the
+    /// table is mostly empty (see [`sparse`]).
+    pub(crate) fn remove(&mut self, key: &SessionKey) -> Option<SessionRecord> {
+        let entry = self.sessions.find_entry(key.hash, |r| r.key == *key);
+        let removed = entry.ok().map(|e| e.remove().0);
+        if let Some(keep) = sparse(self.sessions.len(), self.sessions.capacity()) {
+            self.sessions.shrink_to(keep, |r| r.key.hash);
+        }
+        removed
     }
 
     /// Returns the record for `bytes`, creating it (and counting it) if new.
+    /// One probe of the table either way; only a new session allocates.
     pub(crate) fn get_or_insert(
         &mut self,
         bytes: &[u8],
@@ -155,17 +235,22 @@ impl ShardMap {
         now: u64,
         counters: &ShardCounters,
     ) -> &mut SessionRecord {
-        // Two lookups on the insert path keep the hit path free of allocation.
-        if !self.sessions.contains_key(bytes) {
-            let key = SessionKey {
-                hash,
-                bytes: StdArc::from(bytes),
-            };
-            counters.tracked_sessions.add(1);
-            self.sessions
-                .insert(key.bytes.clone(), SessionRecord::new(key, now));
+        let entry = self.sessions.entry(
+            hash,
+            |r| is_session(r, hash, bytes),
+            |r| r.key.hash, // rehashing on growth reuses the stored hashes
+        );
+        match entry {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => {
+                let key = SessionKey {
+                    hash,
+                    bytes: StdArc::from(bytes),
+                };
+                counters.tracked_sessions.add_locked(1);
+                v.insert(SessionRecord::new(key, now)).into_mut()
+            }
         }
-        self.sessions.get_mut(bytes).expect("inserted above")
     }
 }
 
@@ -238,5 +323,34 @@ impl SessionTable {
 
     pub(crate) fn shards(&self) -> impl Iterator<Item = &Shard> {
         self.shards.iter().map(|s| &**s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table holds records inline, so a record's size is most of what a
+    /// tracked session costs (benches/README.md has the full breakdown).
+    #[test]
+    fn record_stays_small() {
+        let size = std::mem::size_of::<SessionRecord>();
+        assert!(size <= 136, "SessionRecord grew to {size} bytes");
+    }
+
+    #[test]
+    fn sparse_tables_shrink_to_twice_their_length() {
+        assert_eq!(sparse(0, 3), Some(0)); // empty: free it all
+        assert_eq!(sparse(0, 0), None); // nothing to free
+        assert_eq!(sparse(10, 40), None);
+        assert_eq!(sparse(9, 40), Some(18));
+    }
+
+    #[test]
+    fn counts_saturate() {
+        let mut c = u32::MAX - 1;
+        bump(&mut c);
+        bump(&mut c);
+        assert_eq!(c, u32::MAX);
     }
 }

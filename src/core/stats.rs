@@ -1,28 +1,48 @@
 //! Gate-wide and per-session figures, and their Prometheus rendering.
 //!
 //! Counters live per shard (each shard on its own cache line) and are
-//! bumped with relaxed atomics, mostly under the shard lock the operation
-//! already holds, so counting adds no shared cache-line traffic. A snapshot
-//! sums the shards without taking any lock: each figure is exact, the set of
-//! figures is not one atomic instant.
+//! bumped under the shard lock the operation already holds, so counting
+//! adds no lock. A snapshot sums the shards without taking any lock: each
+//! figure is exact, the set of figures is not one atomic instant.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::core::decision::Reason;
+use crate::probe::ProbeAnswer;
 use crate::sync::{AtomicU64, Ordering};
 
-/// One relaxed counter or gauge.
+/// One relaxed counter or gauge, read without any lock.
+///
+/// Nearly every counter is only ever written under its shard's lock: those
+/// use [`Counter::add_locked`] / [`Counter::sub_locked`], a plain load and
+/// store. The lock already orders the writers, so a locked read-modify-write
+/// (`lock xadd` on x86, a full barrier) would buy nothing; the open path
+/// bumps eight of them per acquire + release. A counter also written
+/// without the lock (only `closed`) must use [`Counter::add`] everywhere.
 #[derive(Debug, Default)]
 pub(crate) struct Counter(AtomicU64);
 
 impl Counter {
+    /// For a counter also written outside its shard's lock.
     pub(crate) fn add(&self, n: u64) {
         self.0.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub(crate) fn sub(&self, n: u64) {
-        self.0.fetch_sub(n, Ordering::Relaxed);
+    /// The caller holds this counter's shard lock (as every writer does).
+    pub(crate) fn add_locked(&self, n: u64) {
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The caller holds this counter's shard lock (as every writer does).
+    pub(crate) fn sub_locked(&self, n: u64) {
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_sub(n),
+            Ordering::Relaxed,
+        );
     }
 
     pub(crate) fn get(&self) -> u64 {
@@ -30,7 +50,15 @@ impl Counter {
     }
 }
 
-/// What one shard counts. Gauges (marked) go up and down under the shard lock.
+/// A probe answer to count.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Probed {
+    Usage(ProbeAnswer),
+    Prefix(ProbeAnswer),
+}
+
+/// What one shard counts. Every field is written only under the shard's
+/// lock, except `closed` (see [`Counter`]). Gauges (marked) go up and down.
 #[derive(Debug, Default)]
 pub(crate) struct ShardCounters {
     pub(crate) attempts: Counter,
@@ -64,6 +92,33 @@ pub(crate) struct ShardCounters {
 }
 
 impl ShardCounters {
+    /// Counts one probe call and its answer; the caller holds the shard lock.
+    pub(crate) fn count_probe(&self, probed: Probed) {
+        let (calls, unavailable, invalid, answer) = match probed {
+            Probed::Usage(a) => (
+                &self.usage_probes,
+                &self.usage_unavailable,
+                &self.usage_invalid,
+                a,
+            ),
+            Probed::Prefix(a) => (
+                &self.prefix_probes,
+                &self.prefix_unavailable,
+                &self.prefix_invalid,
+                a,
+            ),
+        };
+        calls.add_locked(1);
+        match answer {
+            ProbeAnswer::Value(_) => {}
+            ProbeAnswer::Unavailable => unavailable.add_locked(1),
+            ProbeAnswer::Invalid => {
+                unavailable.add_locked(1);
+                invalid.add_locked(1);
+            }
+        }
+    }
+
     pub(crate) fn add_into(&self, s: &mut GateStats) {
         for (total, c) in s.admissions_by_reason.iter_mut().zip(&self.admissions) {
             *total += c.get();

@@ -6,38 +6,25 @@
 //! an entry is only a hint to look, never the truth, so stale entries are
 //! harmless. Each record keeps at most one live entry per queue (see
 //! `SessionRecord::grace_timer` / `retire_timer`), which bounds memory.
+//!
+//! An entry names its record by the id's hash and the deadline, not by the
+//! id itself: 16 bytes instead of 32, no reference count to bump when a
+//! window opens, and a stale entry no longer keeps a finished session's id
+//! alive until its deadline (benches/README.md, memory). The record is the
+//! one of that hash whose entry is due at that deadline; should two ids
+//! share a 64-bit hash and a deadline, their two entries are interchangeable.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::core::sessions::SessionKey;
+use crate::core::sessions::sparse;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
 /// No deadline pending.
 pub(crate) const NEVER: u64 = u64::MAX;
 
-#[derive(Debug)]
-struct Entry {
-    deadline: u64,
-    key: SessionKey,
-}
-
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        self.deadline == other.deadline
-    }
-}
-impl Eq for Entry {}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Entry {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.deadline.cmp(&other.deadline)
-    }
-}
+/// (deadline, hash of the session id): ordered by deadline first.
+type Entry = (u64, u64);
 
 /// A min-heap of (deadline, session) with a lock-free peek at its minimum.
 #[derive(Debug)]
@@ -61,27 +48,30 @@ impl TimerQueue {
         self.earliest.load(Ordering::SeqCst)
     }
 
-    /// Asks to look at `key` again at `deadline`.
-    pub(crate) fn arm(&self, deadline: u64, key: SessionKey) {
+    /// Asks to look at the session whose id hashes to `hash` at `deadline`.
+    pub(crate) fn arm(&self, deadline: u64, hash: u64) {
         let mut heap = self.heap.lock();
-        heap.push(Reverse(Entry { deadline, key }));
+        heap.push(Reverse((deadline, hash)));
         self.publish_earliest(&heap);
     }
 
     /// Pops up to `max` entries due at `now`.
-    pub(crate) fn pop_due(&self, now: u64, max: usize, out: &mut Vec<(u64, SessionKey)>) {
+    pub(crate) fn pop_due(&self, now: u64, max: usize, out: &mut Vec<Entry>) {
         if now < self.earliest() {
             return;
         }
         let mut heap = self.heap.lock();
         while out.len() < max {
             match heap.peek() {
-                Some(Reverse(e)) if e.deadline <= now => {
-                    let Reverse(e) = heap.pop().expect("peeked entry exists");
-                    out.push((e.deadline, e.key));
+                Some(Reverse((deadline, _))) if *deadline <= now => {
+                    let Reverse(entry) = heap.pop().expect("peeked entry exists");
+                    out.push(entry);
                 }
                 _ => break,
             }
+        }
+        if let Some(keep) = sparse(heap.len(), heap.capacity()) {
+            heap.shrink_to(keep); // back to baseline once the windows are gone
         }
         self.publish_earliest(&heap);
     }
@@ -92,7 +82,9 @@ impl TimerQueue {
     }
 
     fn publish_earliest(&self, heap: &BinaryHeap<Reverse<Entry>>) {
-        let earliest = heap.peek().map_or(NEVER, |Reverse(e)| e.deadline);
+        let earliest = heap
+            .peek()
+            .map_or(NEVER, |Reverse((deadline, _))| *deadline);
         self.earliest.store(earliest, Ordering::SeqCst);
     }
 }

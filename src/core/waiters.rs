@@ -69,14 +69,32 @@ impl fmt::Debug for Slot {
 }
 
 impl Slot {
-    pub(crate) fn new(attempt_id: u64, notifier: Box<dyn Notify>) -> Self {
+    /// A slot for attempts driven through `notifier`; [`Slot::ready`] names
+    /// the attempt.
+    pub(crate) fn new(notifier: Box<dyn Notify>) -> Self {
         Self {
-            attempt_id,
+            attempt_id: 0,
             fate: AtomicU8::new(ACTIVE),
             wake: AtomicU8::new(0),
             ticket: AtomicU64::new(0),
             notifier,
         }
+    }
+
+    /// Readies a slot that nobody else holds (new, or left over from an
+    /// ended attempt of the same driver) for attempt `attempt_id`. Nobody
+    /// can signal an unshared slot, so plain stores suffice; the driver's
+    /// notifier may still hold a token from the old attempt, which at worst
+    /// ends one sleep early (a spurious wake-up, which `on_wake` tolerates).
+    pub(crate) fn ready(&mut self, attempt_id: u64) {
+        self.attempt_id = attempt_id;
+        self.fate.store(ACTIVE, Ordering::Relaxed);
+        self.wake.store(0, Ordering::Relaxed);
+        debug_assert_eq!(
+            self.ticket.load(Ordering::Relaxed),
+            0,
+            "an ended attempt is not queued"
+        );
     }
 
     /// Ends the attempt with `fate` unless something ended it first.
