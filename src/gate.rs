@@ -205,7 +205,8 @@ impl Gate {
     }
 
     /// Ends `session`'s ownership window and forgets the session once it
-    /// holds no lease and no attempt; wakes a waiter. An attempt of the
+    /// holds no lease and no attempt; wakes a waiter if the session was
+    /// tracked (an unknown session frees nothing). An attempt of the
     /// session still waiting is not cancelled (see [`Gate::cancel_session`]).
     /// Returns the session's final figures (e.g. its `num_preempted`, which
     /// would otherwise be gone with the record), or `None` if it was unknown.

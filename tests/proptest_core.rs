@@ -725,8 +725,9 @@ impl Model {
         if out.is_some() {
             self.stats.sessions_finished += 1;
             self.settle(s);
+            // Finishing an unknown session frees nothing and wakes nobody.
+            self.capacity_event();
         }
-        self.capacity_event();
         out
     }
 

@@ -264,7 +264,12 @@ impl Core {
                 last
             })
         };
-        self.capacity_event();
+        // Unlike the reference (which notifies on every finish), finishing a
+        // session the gate does not track frees nothing, so it wakes nobody:
+        // a waiter woken for it would only re-probe the engine for nothing.
+        if last.is_some() {
+            self.capacity_event();
+        }
         last
     }
 
