@@ -30,6 +30,7 @@ pub(crate) mod sessions;
 pub(crate) mod stats;
 pub(crate) mod timers;
 pub(crate) mod waiters;
+pub mod working_set;
 
 use std::fmt;
 use std::time::Duration;

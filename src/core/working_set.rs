@@ -1,0 +1,689 @@
+//! Working-set admission: which sessions may have turns on the engine, so
+//! that what they keep in the prefix cache fits in it.
+//!
+//! This is Denning's working-set load control (1968) mapped onto a prefix
+//! cache: a session is a process, its whole history is its working set (it
+//! is re-sent every turn), a turn whose own prefix was evicted is a page
+//! fault, and its re-prefill is the fault's service time. Thrashing is cured
+//! by limiting *which sessions are active* to what fits, not by a better
+//! eviction order. vLLM's usage gauge cannot drive this: it counts only the
+//! blocks of running requests, so a session in a tool call is invisible to
+//! it while its cached prefix waits in the free queue to be evicted.
+//!
+//! ```text
+//! turn of a member (in flight, or between turns within its window) ─▶ admit "reserved_session"
+//! turn of a session outside the working set: it joins the queue
+//!   (returning sessions ahead of new ones, FIFO within each, kept across retries)
+//!   queue head, nobody in the working set ───────────────────────────▶ admit "empty_working_set"
+//!   queue head, its footprint fits beside the members' ──────────────▶ admit "fits_working_set"
+//!   queue head, waited past the wait bound: park a member for it ────▶ admit "wait_bound"
+//!   otherwise ────────────────────────────────────────────────────────▶ wait
+//! ```
+//!
+//! What is counted, in tokens of KV:
+//! - a member's **footprint**: its newest prompt plus what it generated (or,
+//!   in flight, is expected to generate), rounded up to whole blocks. The
+//!   prefix sessions share (learned from the cached tokens of each
+//!   session's first turn) is counted once, not once per session;
+//! - **ghosts**: a session that left the working set (parked, window over,
+//!   finished) leaves its blocks in the engine's free queue, and vLLM evicts
+//!   the least recently freed blocks first, so they outlive the older blocks
+//!   of members between turns. A ghost counts while some member between
+//!   turns was released before it;
+//! - against the **capacity**: the engine's KV tokens (never a per-workload
+//!   knob), lowered while members' turns miss what they should have hit and
+//!   grown back while they do not.
+//!
+//! How the set changes:
+//! - a member between turns keeps its place for a **window**: the time the
+//!   engine needs to prefill its whole cache, `C / r`. Holding a footprint
+//!   `f` for a time `t` idles `f·t` of cache; evicting it costs a re-prefill
+//!   of `f` during which the whole cache waits, `f·C/r`: they break even at
+//!   `t = C/r` whatever `f` (ski rental). A session whose own tool calls
+//!   usually outlast the window gets none;
+//! - when prompts grow until the members no longer fit, the member between
+//!   turns that the cache would evict next anyway (the least recently
+//!   released) is **parked**: it leaves, and re-enters ahead of new sessions.
+//!
+//! This file is bookkeeping only: no lock, no clock, no probe. The core keeps
+//! one per gate behind one lock and feeds it time and the engine's answers.
+//! A grant made while the session's attempt sleeps (a hand-over) is kept
+//! until that attempt collects it, or withdrawn with the attempt.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::Hash;
+
+/// What the engine says about its KV cache (the capacity probe).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
+pub struct EngineCapacity {
+    /// KV capacity in tokens (vLLM: `num_gpu_blocks × block_size`); 0 when unknown.
+    pub tokens: u64,
+    /// Tokens per KV block (vLLM's `block_size`); 0 when unknown.
+    pub block_tokens: u32,
+    /// Best prefill throughput the engine measured, tokens per second; 0 when unknown.
+    pub prefill_tokens_per_sec: f64,
+}
+
+impl EngineCapacity {
+    /// An answer with all three figures (0 for any that is unknown).
+    pub fn new(tokens: u64, block_tokens: u32, prefill_tokens_per_sec: f64) -> Self {
+        let rate = if prefill_tokens_per_sec.is_finite() && prefill_tokens_per_sec > 0.0 {
+            prefill_tokens_per_sec
+        } else {
+            0.0
+        };
+        Self {
+            tokens,
+            block_tokens,
+            prefill_tokens_per_sec: rate,
+        }
+    }
+}
+
+/// What the host learned from the engine about one finished turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct TurnReport {
+    /// Prompt tokens the engine served from its prefix cache (vLLM's
+    /// `num_cached_tokens`), if known.
+    pub cached_tokens: Option<u64>,
+    /// Tokens the turn generated, if known.
+    pub output_tokens: Option<u64>,
+}
+
+impl TurnReport {
+    /// A report of what the engine measured (`None` for what is unknown).
+    pub fn new(cached_tokens: Option<u64>, output_tokens: Option<u64>) -> Self {
+        Self {
+            cached_tokens,
+            output_tokens,
+        }
+    }
+}
+
+/// The working set's answer to a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The session is a member: its window carries it in.
+    Member,
+    /// Its footprint fits beside the members'.
+    Fits,
+    /// Nobody else is in the working set (liveness).
+    Empty,
+    /// It waited past the wait bound, and a member was parked for it.
+    WaitBound,
+    /// It waits in the queue.
+    Wait,
+}
+
+/// The policy's few constants; none is a capacity or a duration fitted to a
+/// workload (the window and the bound are in units of the measured refill time).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tuning {
+    /// Members' turns missing more than this fraction of what they should
+    /// have hit (recent average) lower the capacity estimate. Block rounding
+    /// and the engine's own `prompt - 1` cap stay well below 5%.
+    pub miss_tolerance: f64,
+    /// How long a queue head waits before a member between turns is parked
+    /// for it, in refill windows: bounds every wait without rotating members
+    /// on every turn (a window is what one eviction is worth).
+    pub wait_bound_windows: f64,
+    /// The window before the engine's prefill rate is known, ns.
+    pub initial_window_ns: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            miss_tolerance: 0.05,
+            wait_bound_windows: 16.0,
+            initial_window_ns: 2_000_000_000,
+        }
+    }
+}
+
+/// Step by which the capacity estimate moves per member turn, as a fraction.
+const ESTIMATE_STEP: f64 = 0.02;
+/// Lowest the estimate goes, as a fraction of the engine's capacity.
+const ESTIMATE_FLOOR: f64 = 0.5;
+/// Tool gaps remembered per session.
+const GAP_SAMPLES: usize = 8;
+/// Gaps needed before a session's own median decides its window.
+const GAPS_TO_JUDGE: usize = 3;
+
+#[derive(Debug, Clone)]
+struct Member {
+    /// KV tokens this member keeps cached, own and shared.
+    footprint: u64,
+    /// Its turns in flight (more than one only for overlapping retries).
+    in_flight: u32,
+    /// When its last turn ended: its blocks entered the free queue then.
+    released_at: u64,
+    /// End of its window while between turns.
+    window_until: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Class {
+    /// Parked or out of window: re-enters ahead of new sessions.
+    Returning = 0,
+    New = 1,
+}
+
+#[derive(Debug, Clone, Default)]
+struct History {
+    turns: u32,
+    last_prompt: u64,
+    last_output: u64,
+    /// What this session shares with others: its first turn's cached tokens.
+    shared_credit: u64,
+    /// When its last turn ended, and whether its next request is yet to come.
+    released_at: u64,
+    gap_open: bool,
+    /// Recent tool gaps (release to next request), ns.
+    gaps: VecDeque<u64>,
+    /// Its place in the queue, when it was queued, and its prompt.
+    queued: Option<(Class, u64)>,
+    queued_at: u64,
+    queued_prompt: u64,
+    returning: bool,
+    /// A grant made while its attempt slept, not yet collected.
+    grant: Option<Verdict>,
+    /// Tokens the turn in flight should hit (it stayed a member since its
+    /// last turn); 0 when there is no such expectation.
+    expect_hit: u64,
+}
+
+/// Figures for monitoring.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
+pub struct WorkingSetStats {
+    /// Sessions in the working set.
+    pub members: usize,
+    /// Sessions waiting to join.
+    pub waiting: usize,
+    /// Tokens counted now (members, the shared prefix, ghosts).
+    pub load_tokens: u64,
+    /// Capacity in force, tokens (0 while unknown).
+    pub capacity_tokens: u64,
+    /// Shared prefix counted once, tokens.
+    pub shared_prefix_tokens: u64,
+    /// The refill window, ns.
+    pub window_ns: u64,
+    /// Members parked so far.
+    pub parked: u64,
+}
+
+/// The working set of one engine.
+#[derive(Debug)]
+pub struct WorkingSet<K: Eq + Hash + Clone> {
+    tuning: Tuning,
+    engine: EngineCapacity,
+    /// Capacity estimate, tokens; `None` while the engine's is unknown.
+    estimate: Option<f64>,
+    members: HashMap<K, Member>,
+    /// Members' own tokens (the shared prefix excluded), summed.
+    own_sum: u64,
+    sessions: HashMap<K, History>,
+    queue: BTreeMap<(Class, u64), K>,
+    next_seq: u64,
+    /// Departed sessions: (released at, own tokens, session), oldest first.
+    ghosts: VecDeque<(u64, u64, K)>,
+    shared_prefix: u64,
+    /// Prefill rate measured from turn reports, tokens/s (a lower bound).
+    reported_rate: f64,
+    mean_output: f64,
+    miss_rate: f64,
+    parked: u64,
+}
+
+impl<K: Eq + Hash + Clone> WorkingSet<K> {
+    /// An empty working set; until the engine's capacity is known, everyone fits.
+    pub fn new(tuning: Tuning) -> Self {
+        Self {
+            tuning,
+            engine: EngineCapacity::default(),
+            estimate: None,
+            members: HashMap::new(),
+            own_sum: 0,
+            sessions: HashMap::new(),
+            queue: BTreeMap::new(),
+            next_seq: 0,
+            ghosts: VecDeque::new(),
+            shared_prefix: 0,
+            reported_rate: 0.0,
+            mean_output: 0.0,
+            miss_rate: 0.0,
+            parked: 0,
+        }
+    }
+
+    /// Records the engine's answer to the capacity probe. A new capacity
+    /// resets the estimate to it; figures reported as 0 keep what was known.
+    pub fn set_engine(&mut self, engine: EngineCapacity) {
+        if engine.tokens > 0 && engine.tokens != self.engine.tokens {
+            self.engine.tokens = engine.tokens;
+            self.estimate = Some(engine.tokens as f64);
+        }
+        if engine.block_tokens > 0 {
+            self.engine.block_tokens = engine.block_tokens;
+        }
+        if engine.prefill_tokens_per_sec > 0.0 {
+            self.engine.prefill_tokens_per_sec = engine.prefill_tokens_per_sec;
+        }
+    }
+
+    /// Capacity in force, tokens (infinite while unknown).
+    pub fn capacity(&self) -> f64 {
+        self.estimate.unwrap_or(f64::INFINITY)
+    }
+
+    /// How long the engine takes to prefill its whole cache, ns: a
+    /// member's window.
+    pub fn window_ns(&self) -> u64 {
+        let rate = if self.engine.prefill_tokens_per_sec > 0.0 {
+            self.engine.prefill_tokens_per_sec
+        } else {
+            self.reported_rate
+        };
+        match self.estimate {
+            Some(c) if rate > 0.0 => ((c / rate) * 1e9).min(u64::MAX as f64 / 2.0) as u64,
+            _ => self.tuning.initial_window_ns,
+        }
+    }
+
+    fn wait_bound_ns(&self) -> u64 {
+        (self.window_ns() as f64 * self.tuning.wait_bound_windows) as u64
+    }
+
+    fn blocks(&self, tokens: u64) -> u64 {
+        let b = u64::from(self.engine.block_tokens.max(1));
+        tokens.div_ceil(b) * b
+    }
+
+    /// Tokens counted now.
+    pub fn load(&self) -> u64 {
+        if self.members.is_empty() {
+            return 0;
+        }
+        self.shared_prefix + self.own_sum + self.ghost_tokens()
+    }
+
+    fn oldest_idle_release(&self) -> Option<u64> {
+        self.members
+            .values()
+            .filter(|m| m.in_flight == 0)
+            .map(|m| m.released_at)
+            .min()
+    }
+
+    /// Ghosts freed after the oldest member between turns still hold the
+    /// cache that the next allocations would otherwise take from it.
+    fn ghost_tokens(&self) -> u64 {
+        let Some(oldest) = self.oldest_idle_release() else {
+            return 0;
+        };
+        self.ghosts
+            .iter()
+            .filter(|(released, _, _)| *released > oldest)
+            .map(|(_, own, _)| *own)
+            .sum()
+    }
+
+    fn prune_ghosts(&mut self) {
+        match self.oldest_idle_release() {
+            // Nobody between turns: every ghost is older than anything a
+            // member will free, so none protects anything any more.
+            None => self.ghosts.clear(),
+            Some(oldest) => {
+                while self.ghosts.front().is_some_and(|(r, _, _)| *r <= oldest) {
+                    self.ghosts.pop_front();
+                }
+            }
+        }
+    }
+
+    /// A session's own tokens out of `footprint`: the shared prefix it
+    /// showed on its first turn is already counted once.
+    fn own(&self, key: &K, footprint: u64) -> u64 {
+        let credit = self.sessions.get(key).map_or(0, |h| h.shared_credit);
+        footprint.saturating_sub(credit.min(self.shared_prefix))
+    }
+
+    fn footprint(&self, key: &K, prompt_len: u64) -> u64 {
+        let output = match self.sessions.get(key) {
+            Some(h) if h.turns > 0 => h.last_output,
+            _ => self.mean_output as u64,
+        };
+        self.blocks(prompt_len.saturating_add(output))
+    }
+
+    /// A turn of `key` with a `prompt_len`-token prompt asks to be admitted
+    /// at `now`. A session already queued keeps its place (a retry does not
+    /// lose it); a grant handed over while it slept is collected here.
+    pub fn request(&mut self, key: &K, prompt_len: u64, now: u64) -> Verdict {
+        self.expire(now);
+        let h = self.sessions.entry(key.clone()).or_default();
+        if let Some(grant) = h.grant.take() {
+            return grant;
+        }
+        if h.turns > 0 && h.gap_open {
+            h.gap_open = false;
+            let gap = now.saturating_sub(h.released_at);
+            if h.gaps.len() == GAP_SAMPLES {
+                h.gaps.pop_front();
+            }
+            h.gaps.push_back(gap);
+        }
+        h.queued_prompt = prompt_len;
+        if self.members.contains_key(key) {
+            h.expect_hit = h.last_prompt + h.last_output;
+            self.grow_member(key, prompt_len);
+            self.shrink_to_fit(now, Some(key));
+            return Verdict::Member;
+        }
+        if h.queued.is_none() {
+            let class = if h.returning {
+                Class::Returning
+            } else {
+                Class::New
+            };
+            h.queued = Some((class, self.next_seq));
+            h.queued_at = now;
+            self.queue.insert((class, self.next_seq), key.clone());
+            self.next_seq += 1;
+        }
+        if self.queue.values().next() != Some(key) {
+            return Verdict::Wait;
+        }
+        let verdict = self.head_verdict(key, prompt_len, now);
+        if verdict != Verdict::Wait {
+            self.join(key, prompt_len, now);
+        }
+        verdict
+    }
+
+    fn head_verdict(&mut self, key: &K, prompt_len: u64, now: u64) -> Verdict {
+        if self.members.is_empty() {
+            return Verdict::Empty;
+        }
+        let need = self.own(key, self.footprint(key, prompt_len));
+        if (self.load() + need) as f64 <= self.capacity() {
+            return Verdict::Fits;
+        }
+        let waited = now.saturating_sub(self.sessions[key].queued_at);
+        if waited >= self.wait_bound_ns() && self.park_lru(now, None) {
+            return Verdict::WaitBound;
+        }
+        Verdict::Wait
+    }
+
+    fn dequeue(&mut self, key: &K) {
+        if let Some(pos) = self.sessions.get_mut(key).and_then(|h| h.queued.take()) {
+            self.queue.remove(&pos);
+        }
+    }
+
+    fn join(&mut self, key: &K, prompt_len: u64, now: u64) {
+        self.dequeue(key);
+        // Its own ghost no longer counts: those blocks are its own again.
+        self.ghosts.retain(|(_, _, k)| k != key);
+        let footprint = self.footprint(key, prompt_len);
+        self.own_sum += self.own(key, footprint);
+        self.members.insert(
+            key.clone(),
+            Member {
+                footprint,
+                in_flight: 1,
+                released_at: now,
+                window_until: u64::MAX,
+            },
+        );
+        let h = self
+            .sessions
+            .get_mut(key)
+            .expect("a queued session is known");
+        h.returning = false;
+        h.last_prompt = prompt_len;
+    }
+
+    fn grow_member(&mut self, key: &K, prompt_len: u64) {
+        let footprint = self.footprint(key, prompt_len);
+        let own_new = self.own(key, footprint);
+        let m = self.members.get(key).expect("a member");
+        let own_old = self.own(key, m.footprint);
+        let m = self.members.get_mut(key).expect("a member");
+        m.in_flight += 1;
+        m.window_until = u64::MAX;
+        if footprint > m.footprint {
+            m.footprint = footprint;
+            self.own_sum = self.own_sum - own_old + own_new;
+        }
+        self.sessions.get_mut(key).expect("known").last_prompt = prompt_len;
+    }
+
+    /// The attempt of `key` is gone (timed out, cancelled, its gate closed):
+    /// it leaves the queue, and a grant it never collected is undone.
+    pub fn withdraw(&mut self, key: &K) {
+        self.dequeue(key);
+        let Some(h) = self.sessions.get_mut(key) else {
+            return;
+        };
+        if h.grant.take().is_some() {
+            // It never ran: nothing of it is cached beyond what was before.
+            if let Some(m) = self.members.remove(key) {
+                self.own_sum -= self.own(key, m.footprint);
+            }
+            self.prune_ghosts();
+        }
+    }
+
+    /// Forgets what was learned of an idle session the host no longer
+    /// tracks (the core retires its record): bounds memory.
+    pub fn forget(&mut self, key: &K, now: u64) {
+        self.finish(key, now);
+    }
+
+    /// A turn of `key` admitted at `admitted_at` ended at `now`.
+    pub fn release(
+        &mut self,
+        key: &K,
+        prompt_len: u64,
+        report: TurnReport,
+        admitted_at: u64,
+        now: u64,
+    ) {
+        self.learn(key, prompt_len, report, admitted_at, now);
+        let window = self.window_ns();
+        let Some(h) = self.sessions.get_mut(key) else {
+            return;
+        };
+        let output = report.output_tokens.unwrap_or(h.last_output);
+        h.turns += 1;
+        h.last_prompt = prompt_len;
+        h.last_output = output;
+        h.released_at = now;
+        h.gap_open = true;
+        let long_tools = median(&h.gaps).is_some_and(|g| g > window);
+        if let Some(m) = self.members.get(key) {
+            let own_old = self.own(key, m.footprint);
+            let footprint = self.blocks(prompt_len + output);
+            let own_new = self.own(key, footprint);
+            self.own_sum = self.own_sum - own_old + own_new;
+            let m = self.members.get_mut(key).expect("a member");
+            m.footprint = footprint;
+            m.in_flight = m.in_flight.saturating_sub(1);
+            if m.in_flight == 0 {
+                m.released_at = now;
+                m.window_until = if long_tools { now } else { now + window };
+            }
+        }
+        self.expire(now);
+        self.shrink_to_fit(now, None);
+    }
+
+    /// Learns output length, the shared prefix, the prefill rate and the
+    /// members' misses from one turn's report.
+    fn learn(&mut self, key: &K, prompt_len: u64, report: TurnReport, admitted_at: u64, now: u64) {
+        if let Some(out) = report.output_tokens {
+            self.mean_output = if self.mean_output == 0.0 {
+                out as f64
+            } else {
+                0.95 * self.mean_output + 0.05 * out as f64
+            };
+        }
+        let Some(cached) = report.cached_tokens else {
+            return;
+        };
+        let block = u64::from(self.engine.block_tokens.max(1));
+        let Some(h) = self.sessions.get_mut(key) else {
+            return;
+        };
+        if h.turns == 0 {
+            h.shared_credit = cached;
+            self.shared_prefix = self.shared_prefix.max(cached);
+        }
+        // A hit is whole blocks and never the prompt's last token.
+        let expect = (h.expect_hit.min(prompt_len.saturating_sub(1)) / block) * block;
+        h.expect_hit = 0;
+        let secs = now.saturating_sub(admitted_at).max(1) as f64 / 1e9;
+        self.reported_rate = self
+            .reported_rate
+            .max(prompt_len.saturating_sub(cached) as f64 / secs);
+        if expect > 0 {
+            self.learn_misses(expect, cached.min(expect));
+        }
+    }
+
+    /// Lowers the capacity estimate while members miss what they should
+    /// have hit, and grows it back towards the engine's while they do not.
+    fn learn_misses(&mut self, expect: u64, hit: u64) {
+        let Some(estimate) = self.estimate else {
+            return;
+        };
+        let capacity = self.engine.tokens as f64;
+        let miss = (expect - hit) as f64 / expect as f64;
+        self.miss_rate = 0.9 * self.miss_rate + 0.1 * miss;
+        let next = if self.miss_rate > self.tuning.miss_tolerance {
+            estimate * (1.0 - ESTIMATE_STEP)
+        } else {
+            estimate + (capacity - estimate) * ESTIMATE_STEP
+        };
+        self.estimate = Some(next.clamp(capacity * ESTIMATE_FLOOR, capacity));
+    }
+
+    /// The session ended: it leaves the working set and the queue; its
+    /// blocks stay counted as a ghost while they outlive members' blocks.
+    pub fn finish(&mut self, key: &K, now: u64) {
+        self.dequeue(key);
+        self.leave(key, now, false);
+        self.sessions.remove(key);
+    }
+
+    fn leave(&mut self, key: &K, now: u64, returning: bool) {
+        if let Some(m) = self.members.remove(key) {
+            let own = self.own(key, m.footprint);
+            self.own_sum -= own;
+            let released = if m.in_flight > 0 { now } else { m.released_at };
+            let at = self.ghosts.partition_point(|(r, _, _)| *r <= released);
+            self.ghosts.insert(at, (released, own, key.clone()));
+        }
+        if let Some(h) = self.sessions.get_mut(key) {
+            h.returning = returning;
+        }
+        self.prune_ghosts();
+    }
+
+    /// Parks the member between turns released longest ago (never `keep`).
+    fn park_lru(&mut self, now: u64, keep: Option<&K>) -> bool {
+        let victim = self
+            .members
+            .iter()
+            .filter(|(k, m)| m.in_flight == 0 && Some(*k) != keep)
+            .min_by_key(|(_, m)| m.released_at)
+            .map(|(k, _)| k.clone());
+        let Some(victim) = victim else {
+            return false;
+        };
+        self.leave(&victim, now, true);
+        self.parked += 1;
+        true
+    }
+
+    fn shrink_to_fit(&mut self, now: u64, keep: Option<&K>) {
+        while self.load() as f64 > self.capacity() && self.park_lru(now, keep) {}
+    }
+
+    /// Ends the windows that are over at `now`.
+    pub fn expire(&mut self, now: u64) {
+        let over: Vec<K> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.in_flight == 0 && m.window_until <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in over {
+            self.leave(&key, now, true);
+        }
+    }
+
+    /// When this working set next changes by itself: the earliest window
+    /// end, or the queue head reaching the wait bound.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let window = self
+            .members
+            .values()
+            .filter(|m| m.in_flight == 0)
+            .map(|m| m.window_until)
+            .min();
+        let bound = self.queue.values().next().map(|k| {
+            self.sessions[k]
+                .queued_at
+                .saturating_add(self.wait_bound_ns())
+        });
+        match (window, bound) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Lets in the queue heads that may enter at `now`, in order: each joins
+    /// the working set and keeps its grant until its attempt collects it
+    /// with [`WorkingSet::request`]. Returns them, with why.
+    pub fn admit_waiting(&mut self, now: u64, out: &mut Vec<(K, Verdict)>) {
+        self.expire(now);
+        while let Some(key) = self.queue.values().next().cloned() {
+            let prompt = self.sessions[&key].queued_prompt;
+            let verdict = self.head_verdict(&key, prompt, now);
+            if verdict == Verdict::Wait {
+                break;
+            }
+            self.join(&key, prompt, now);
+            self.sessions.get_mut(&key).expect("queued").grant = Some(verdict);
+            out.push((key, verdict));
+        }
+    }
+
+    /// Figures for monitoring.
+    pub fn stats(&self) -> WorkingSetStats {
+        WorkingSetStats {
+            members: self.members.len(),
+            waiting: self.queue.len(),
+            load_tokens: self.load(),
+            capacity_tokens: self.estimate.map_or(0, |c| c as u64),
+            shared_prefix_tokens: self.shared_prefix,
+            window_ns: self.window_ns(),
+            parked: self.parked,
+        }
+    }
+}
+
+fn median(gaps: &VecDeque<u64>) -> Option<u64> {
+    if gaps.len() < GAPS_TO_JUDGE {
+        return None;
+    }
+    let mut sorted: Vec<u64> = gaps.iter().copied().collect();
+    sorted.sort_unstable();
+    Some(sorted[sorted.len() / 2])
+}
