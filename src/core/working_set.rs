@@ -494,6 +494,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         admitted_at: u64,
         now: u64,
     ) {
+        // Own tokens before this turn's report changes the session's credit.
+        let own_old = self.members.get(key).map(|m| self.own(key, m.footprint));
         self.learn(key, prompt_len, report, admitted_at, now);
         let window = self.window_ns();
         let Some(h) = self.sessions.get_mut(key) else {
@@ -506,8 +508,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         h.released_at = now;
         h.gap_open = true;
         let long_tools = median(&h.gaps).is_some_and(|g| g > window);
-        if let Some(m) = self.members.get(key) {
-            let own_old = self.own(key, m.footprint);
+        if let Some(own_old) = own_old {
             let footprint = self.blocks(prompt_len + output);
             let own_new = self.own(key, footprint);
             self.own_sum = self.own_sum - own_old + own_new;
@@ -686,4 +687,212 @@ fn median(gaps: &VecDeque<u64>) -> Option<u64> {
     let mut sorted: Vec<u64> = gaps.iter().copied().collect();
     sorted.sort_unstable();
     Some(sorted[sorted.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    /// 1000 tokens of KV in blocks of 1; refill window 1 s (1000 tokens/s).
+    fn set() -> WorkingSet<&'static str> {
+        let mut ws = WorkingSet::new(Tuning::default());
+        ws.set_engine(EngineCapacity::new(1000, 1, 1000.0));
+        ws
+    }
+
+    fn report(cached: u64, output: u64) -> TurnReport {
+        TurnReport::new(Some(cached), Some(output))
+    }
+
+    #[test]
+    fn sessions_join_while_they_fit_and_wait_in_order_after() {
+        let mut ws = set();
+        assert_eq!(ws.request(&"a", 400, 0), Verdict::Empty);
+        assert_eq!(ws.request(&"b", 400, 0), Verdict::Fits);
+        assert_eq!(ws.request(&"c", 400, 0), Verdict::Wait);
+        assert_eq!(
+            ws.request(&"d", 100, 0),
+            Verdict::Wait,
+            "FIFO: d fits but c is ahead"
+        );
+        assert_eq!(ws.load(), 800);
+        // a's turn ends: it keeps its place for the window, so c still waits.
+        ws.release(&"a", 400, report(0, 0), 0, S / 10);
+        let mut out = Vec::new();
+        ws.admit_waiting(S / 10, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(ws.next_deadline(), Some(S / 10 + S));
+        // Its window ends: c (then d) enter, handed over until they collect.
+        ws.admit_waiting(S / 10 + S, &mut out);
+        assert_eq!(out, vec![("c", Verdict::Fits), ("d", Verdict::Fits)]);
+        assert_eq!(ws.request(&"c", 400, S / 10 + S), Verdict::Fits);
+        assert_eq!(ws.request(&"d", 100, S / 10 + S), Verdict::Fits);
+        assert_eq!(ws.stats().members, 3);
+    }
+
+    #[test]
+    fn a_member_comes_back_in_without_waiting() {
+        let mut ws = set();
+        ws.request(&"a", 400, 0);
+        ws.request(&"b", 500, 0);
+        ws.release(&"a", 400, report(0, 50), 0, S / 10);
+        assert_eq!(ws.request(&"c", 100, S / 10), Verdict::Wait);
+        assert_eq!(ws.request(&"a", 450, S / 5), Verdict::Member);
+    }
+
+    #[test]
+    fn a_retry_keeps_its_place_and_a_withdrawn_waiter_loses_it() {
+        let mut ws = set();
+        ws.request(&"a", 900, 0);
+        assert_eq!(ws.request(&"b", 500, 0), Verdict::Wait);
+        assert_eq!(ws.request(&"c", 600, 0), Verdict::Wait);
+        assert_eq!(ws.request(&"b", 500, 1), Verdict::Wait, "retry");
+        ws.finish(&"a", 2);
+        let mut out = Vec::new();
+        ws.admit_waiting(2, &mut out);
+        assert_eq!(
+            out,
+            vec![("b", Verdict::Empty)],
+            "b was first, its retry kept that"
+        );
+        ws.withdraw(&"b");
+        assert_eq!(ws.stats().members, 0, "an uncollected grant is undone");
+        ws.admit_waiting(3, &mut out);
+        assert_eq!(out.last(), Some(&("c", Verdict::Empty)));
+    }
+
+    #[test]
+    fn a_session_larger_than_the_cache_still_runs_alone() {
+        let mut ws = set();
+        assert_eq!(ws.request(&"huge", 5000, 0), Verdict::Empty);
+    }
+
+    #[test]
+    fn the_shared_prefix_counts_once() {
+        let mut ws = set();
+        ws.request(&"a", 400, 0);
+        ws.release(&"a", 400, report(0, 0), 0, 1);
+        ws.request(&"b", 400, 2);
+        // b's first turn hit the 300 tokens it shares with a.
+        ws.release(&"b", 400, report(300, 0), 2, 3);
+        assert_eq!(ws.stats().shared_prefix_tokens, 300);
+        // a shared nothing on its first turn (it was first): 300 + 400 + 100.
+        assert_eq!(ws.load(), 800);
+        assert_eq!(ws.request(&"c", 400, 4), Verdict::Wait);
+        ws.finish(&"a", 5);
+        let mut out = Vec::new();
+        ws.admit_waiting(5, &mut out);
+        assert_eq!(out, vec![("c", Verdict::Fits)]);
+    }
+
+    #[test]
+    fn members_that_outgrow_the_cache_park_the_least_recently_released() {
+        let mut ws = set();
+        ws.request(&"a", 300, 0);
+        ws.request(&"b", 300, 0);
+        ws.request(&"c", 300, 0);
+        ws.release(&"a", 300, report(0, 0), 0, 10);
+        ws.release(&"b", 300, report(0, 0), 0, 20);
+        ws.release(&"c", 300, report(0, 0), 0, 30);
+        // b grows to 500: 300 + 500 + 300 > 1000, so a (released first) leaves.
+        assert_eq!(ws.request(&"b", 500, 40), Verdict::Member);
+        assert_eq!(ws.stats().members, 2);
+        assert_eq!(ws.stats().parked, 1);
+        // a comes back ahead of a new session.
+        assert_eq!(ws.request(&"n", 300, 50), Verdict::Wait);
+        assert_eq!(ws.request(&"a", 400, 60), Verdict::Wait);
+        ws.finish(&"c", 70);
+        let mut out = Vec::new();
+        ws.admit_waiting(70, &mut out);
+        assert_eq!(out[0], ("a", Verdict::Fits));
+    }
+
+    #[test]
+    fn a_ghost_counts_while_a_member_between_turns_is_older() {
+        let mut ws = set();
+        ws.request(&"old", 300, 0);
+        ws.request(&"gone", 300, 0);
+        ws.release(&"old", 300, report(0, 0), 0, 10);
+        ws.release(&"gone", 300, report(0, 0), 0, 20);
+        ws.finish(&"gone", 20);
+        // gone's blocks were freed after old's: they are evicted after them.
+        assert_eq!(ws.load(), 600);
+        // Once old runs again its blocks are the newest: the ghost stops counting.
+        ws.request(&"old", 300, 30);
+        ws.release(&"old", 300, report(300, 0), 30, 40);
+        assert_eq!(ws.load(), 300);
+    }
+
+    #[test]
+    fn sessions_whose_tools_outlast_the_window_get_none() {
+        let mut ws = set();
+        let mut t = 0;
+        for _ in 0..3 {
+            ws.request(&"slow", 100, t);
+            ws.release(&"slow", 100, report(0, 0), t, t + 1);
+            t += 1 + 5 * S; // 5 s tools against a 1 s window
+        }
+        ws.request(&"slow", 100, t);
+        ws.release(&"slow", 100, report(0, 0), t, t + 1);
+        ws.expire(t + 1);
+        assert_eq!(ws.stats().members, 0, "no window at all");
+    }
+
+    #[test]
+    fn a_head_waiting_past_the_bound_parks_a_member_for_itself() {
+        let mut ws = set();
+        ws.request(&"a", 600, 0);
+        ws.request(&"b", 300, 0);
+        assert_eq!(ws.request(&"c", 500, 0), Verdict::Wait);
+        // a and b keep coming back within their windows.
+        let bound = 16 * S;
+        let mut t = 0;
+        while t < bound {
+            for k in ["a", "b"] {
+                let prompt = if k == "a" { 600 } else { 300 };
+                ws.release(&k, prompt, TurnReport::new(None, Some(0)), t, t + 1);
+            }
+            t += S / 2;
+            ws.request(&"a", 600, t);
+            ws.request(&"b", 300, t);
+        }
+        let mut out = Vec::new();
+        ws.admit_waiting(t, &mut out);
+        assert!(
+            out.is_empty(),
+            "a and b are in flight: nobody can be parked"
+        );
+        ws.release(&"b", 300, TurnReport::new(None, Some(0)), t, t + 1);
+        ws.admit_waiting(t + 2, &mut out);
+        assert_eq!(out, vec![("c", Verdict::WaitBound)]);
+        assert_eq!(ws.stats().parked, 1);
+    }
+
+    #[test]
+    fn misses_lower_the_estimate_and_clean_turns_restore_it() {
+        let mut ws = set();
+        ws.request(&"a", 500, 0);
+        ws.release(&"a", 500, report(0, 0), 0, 1);
+        for i in 0..20 {
+            ws.request(&"a", 500, 2 + i * 2);
+            ws.release(&"a", 500, report(0, 0), 2 + i * 2, 3 + i * 2);
+        }
+        let low = ws.capacity();
+        assert!(low < 1000.0 && low >= 500.0, "{low}");
+        for i in 0..200 {
+            ws.request(&"a", 500, 100 + i * 2);
+            ws.release(&"a", 500, report(499, 0), 100 + i * 2, 101 + i * 2);
+        }
+        assert!(ws.capacity() > 950.0, "{}", ws.capacity());
+    }
+
+    #[test]
+    fn with_no_capacity_known_everyone_fits() {
+        let mut ws: WorkingSet<u32> = WorkingSet::new(Tuning::default());
+        for k in 0..100 {
+            assert_ne!(ws.request(&k, 1_000_000, 0), Verdict::Wait);
+        }
+    }
 }
