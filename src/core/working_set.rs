@@ -507,7 +507,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         h.last_output = output;
         h.released_at = now;
         h.gap_open = true;
-        let long_tools = median(&h.gaps).is_some_and(|g| g > window);
+        let window = own_window(&h.gaps, window);
         if let Some(own_old) = own_old {
             let footprint = self.blocks(prompt_len + output);
             let own_new = self.own(key, footprint);
@@ -517,7 +517,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             m.in_flight = m.in_flight.saturating_sub(1);
             if m.in_flight == 0 {
                 m.released_at = now;
-                m.window_until = if long_tools { now } else { now + window };
+                m.window_until = now.saturating_add(window);
             }
         }
         self.expire(now);
@@ -680,13 +680,20 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 }
 
-fn median(gaps: &VecDeque<u64>) -> Option<u64> {
+/// A session's window: the refill window, or none at all once the
+/// session's own tool calls usually (median of its recent gaps) outlast it:
+/// holding its place would then cost more than refilling what it loses.
+fn own_window(gaps: &VecDeque<u64>, refill: u64) -> u64 {
     if gaps.len() < GAPS_TO_JUDGE {
-        return None;
+        return refill;
     }
     let mut sorted: Vec<u64> = gaps.iter().copied().collect();
     sorted.sort_unstable();
-    Some(sorted[sorted.len() / 2])
+    if sorted[sorted.len() / 2] > refill {
+        0
+    } else {
+        refill
+    }
 }
 
 #[cfg(test)]
