@@ -1,0 +1,246 @@
+//! Property tests of the working-set ledger (`kvgate::core::working_set`):
+//! random sequences of turns, releases, finishes, withdrawals and time
+//! against a model of what each session is doing, with the ledger's rules
+//! checked after every step.
+
+use std::collections::BTreeMap;
+
+use kvgate::core::working_set::{EngineCapacity, Tuning, TurnReport, Verdict, WorkingSet};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Session asks for its next turn with this much prompt growth.
+    Request(u8, u16),
+    /// Session's turn in flight ends; cached tokens reported as a fraction.
+    Release(u8, u8),
+    Finish(u8),
+    Withdraw(u8),
+    Advance(u16),
+    Capacity(u16),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..5, 0u16..600).prop_map(|(s, g)| Op::Request(s, g)),
+        4 => (0u8..5, 0u8..=100).prop_map(|(s, c)| Op::Release(s, c)),
+        1 => (0u8..5).prop_map(Op::Finish),
+        1 => (0u8..5).prop_map(Op::Withdraw),
+        3 => (0u16..3000).prop_map(Op::Advance),
+        1 => (500u16..3000).prop_map(Op::Capacity),
+    ]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Doing {
+    Idle,
+    Waiting { since_seq: u64, returning: bool },
+    InFlight { admitted_at: u64 },
+}
+
+struct Model {
+    doing: BTreeMap<u8, Doing>,
+    prompt: BTreeMap<u8, u64>,
+    seq: u64,
+    /// Sessions that had a turn admitted since they last finished.
+    ran: std::collections::BTreeSet<u8>,
+}
+
+fn admitted(
+    ws: &WorkingSet<u8>,
+    m: &mut Model,
+    s: u8,
+    v: Verdict,
+    now: u64,
+) -> Result<(), TestCaseError> {
+    let was = m.doing[&s];
+    if let (
+        Doing::Waiting {
+            since_seq,
+            returning,
+        },
+        true,
+    ) = (was, v != Verdict::Member)
+    {
+        // FIFO: nobody of its class, and no returning session if it is new, waited longer.
+        for (o, d) in &m.doing {
+            if let Doing::Waiting {
+                since_seq: other,
+                returning: r,
+            } = d
+            {
+                let ahead = (*r && !returning) || (*r == returning && *other < since_seq);
+                prop_assert!(
+                    !(*o != s && ahead),
+                    "{} admitted ({:?}) ahead of {}",
+                    s,
+                    v,
+                    o
+                );
+            }
+        }
+    }
+    prop_assert!(ws.is_member(&s));
+    m.doing.insert(s, Doing::InFlight { admitted_at: now });
+    m.ran.insert(s);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn the_ledger_keeps_its_rules(ops in proptest::collection::vec(op(), 1..120)) {
+        run(ops)?;
+    }
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut ws: WorkingSet<u8> = WorkingSet::new(Tuning::default());
+    let mut capacity = 2000u64;
+    ws.set_engine(EngineCapacity::new(capacity, 16, 2000.0));
+    let mut m = Model {
+        doing: (0..5).map(|s| (s, Doing::Idle)).collect(),
+        prompt: BTreeMap::new(),
+        seq: 0,
+        ran: Default::default(),
+    };
+    let mut now = 0u64;
+    for op in ops {
+        match op {
+            Op::Request(s, growth) => {
+                let doing = m.doing[&s];
+                if matches!(doing, Doing::InFlight { .. }) {
+                    continue;
+                }
+                let p = m.prompt.entry(s).or_insert(100);
+                if doing == Doing::Idle {
+                    *p += u64::from(growth);
+                }
+                let p = *p;
+                let returning = m.ran.contains(&s) && !ws.is_member(&s);
+                let before = ws.queue_position(&s);
+                let v = ws.request(&s, p, now);
+                if v == Verdict::Wait {
+                    let pos = ws.queue_position(&s);
+                    prop_assert!(pos.is_some());
+                    if let Doing::Waiting { .. } = doing {
+                        prop_assert_eq!(pos, before, "a retry keeps its place");
+                    } else {
+                        prop_assert_eq!(
+                            pos.map(|p| p.0),
+                            Some(returning),
+                            "parked and expired sessions return ahead of new ones"
+                        );
+                        m.seq += 1;
+                        m.doing.insert(
+                            s,
+                            Doing::Waiting {
+                                since_seq: m.seq,
+                                returning,
+                            },
+                        );
+                    }
+                } else {
+                    if v == Verdict::Fits || (v == Verdict::WaitBound && ws.stats().members > 1) {
+                        prop_assert!(
+                            ws.load() <= capacity,
+                            "an admission overcommits: {} > {}",
+                            ws.load(),
+                            capacity
+                        );
+                    }
+                    admitted(&ws, &mut m, s, v, now)?;
+                }
+            }
+            Op::Release(s, cached) => {
+                let Doing::InFlight { admitted_at } = m.doing[&s] else {
+                    continue;
+                };
+                let p = m.prompt[&s];
+                ws.release(
+                    &s,
+                    p,
+                    TurnReport::new(Some(p * u64::from(cached) / 100), Some(20)),
+                    admitted_at,
+                    now,
+                );
+                m.doing.insert(s, Doing::Idle);
+            }
+            Op::Finish(s) => {
+                if matches!(m.doing[&s], Doing::InFlight { .. }) {
+                    continue;
+                }
+                ws.finish(&s, now);
+                prop_assert!(!ws.is_member(&s) && !ws.is_waiting(&s));
+                m.doing.insert(s, Doing::Idle);
+                m.prompt.remove(&s);
+                m.ran.remove(&s);
+            }
+            Op::Withdraw(s) => {
+                if !matches!(m.doing[&s], Doing::Waiting { .. }) {
+                    continue;
+                }
+                ws.withdraw(&s);
+                prop_assert!(!ws.is_waiting(&s));
+                m.doing.insert(s, Doing::Idle);
+            }
+            Op::Advance(ms) => now += u64::from(ms) * 1_000_000,
+            Op::Capacity(c) => {
+                capacity = u64::from(c);
+                ws.set_engine(EngineCapacity::new(capacity, 16, 2000.0));
+            }
+        }
+        // Whatever may enter now is handed over (and collected, as an attempt would).
+        let mut out = Vec::new();
+        let over_before = ws.load() > capacity;
+        ws.admit_waiting(now, &mut out);
+        let alone = ws.stats().members == 1;
+        if !out.is_empty()
+            && !over_before
+            && !alone
+            && out.iter().all(|(_, v)| *v != Verdict::Empty)
+        {
+            prop_assert!(
+                ws.load() <= capacity,
+                "admissions overcommit: {} > {}",
+                ws.load(),
+                capacity
+            );
+        }
+        for (s, v) in out {
+            prop_assert_ne!(v, Verdict::Member);
+            let p = m.prompt[&s];
+            prop_assert_eq!(ws.request(&s, p, now), v, "the grant is collected as made");
+            admitted(&ws, &mut m, s, v, now)?;
+        }
+        if let Err(e) = ws.audit() {
+            return Err(TestCaseError::fail(e));
+        }
+        // Liveness: nobody waits while the working set is empty.
+        if ws.stats().members == 0 {
+            prop_assert_eq!(ws.stats().waiting, 0);
+        }
+        // Everyone the model has waiting is queued, and no one else.
+        for (s, d) in &m.doing {
+            prop_assert_eq!(
+                ws.is_waiting(s),
+                matches!(d, Doing::Waiting { .. }),
+                "session {}",
+                s
+            );
+        }
+        // A waiter always has a deadline to come back at, or a member whose release will wake it.
+        if ws.stats().waiting > 0 {
+            let in_flight = m
+                .doing
+                .values()
+                .any(|d| matches!(d, Doing::InFlight { .. }));
+            prop_assert!(
+                in_flight || ws.next_deadline().is_some(),
+                "a waiter nobody will wake"
+            );
+        }
+    }
+    Ok(())
+}
