@@ -1,7 +1,6 @@
 //! The blocking gate: drives the sans-IO core with the calling thread, the
 //! host's probes and a monotonic clock.
 
-#[cfg(not(loom))]
 use std::cell::Cell;
 use std::fmt;
 use std::time::Duration;
@@ -78,7 +77,6 @@ struct ThreadWaker {
 
 impl ThreadWaker {
     fn take() -> Self {
-        #[cfg(not(loom))]
         if let Some(spare) = SPARE.try_with(Cell::take).ok().flatten() {
             return spare;
         }
@@ -93,18 +91,15 @@ impl ThreadWaker {
         let Some(slot) = attempt.into_spare_slot() else {
             return;
         };
-        // Fails only while the thread is exiting: then it is simply dropped.
-        #[cfg(not(loom))]
-        let _ = SPARE.try_with(|spare| spare.set(Some(ThreadWaker { parker, slot })));
-        // Under loom, objects must not outlive one model execution.
-        #[cfg(loom)]
-        drop((parker, slot));
+        if crate::sync::KEEP_PER_THREAD_SPARES {
+            // Fails only while the thread is exiting: then it is simply dropped.
+            let _ = SPARE.try_with(|spare| spare.set(Some(ThreadWaker { parker, slot })));
+        }
     }
 }
 
-#[cfg(not(loom))]
-thread_local! {
-    static SPARE: Cell<Option<ThreadWaker>> = const { Cell::new(None) };
+crate::sync::thread_local_cell! {
+    static SPARE: Cell<Option<ThreadWaker>> = Cell::new(None);
 }
 
 impl Gate {

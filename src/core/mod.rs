@@ -53,20 +53,14 @@ use waiters::{Waiters, CANCELLED, PREEMPTED};
 /// adds to whoever happens to look; the rest is left to the next caller.
 const PURGE_BATCH: usize = 64;
 
-#[cfg(not(loom))]
-fn default_shard_bits() -> u32 {
-    // Enough shards that threads rarely meet on one lock; a few KiB each.
-    let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
-    (cpus * 8)
-        .next_power_of_two()
-        .clamp(16, 256)
-        .trailing_zeros()
-}
+/// Most shards a table may have: ids keep the shard index in their low bits.
+const MAX_SHARDS: usize = 1 << 16;
 
-#[cfg(loom)]
-fn default_shard_bits() -> u32 {
-    // Models stay small: two shards still exercise cross-shard paths.
-    1
+/// The session table's shard count when the caller does not choose one:
+/// eight per CPU, 16 to 256 (a few KiB each), so threads rarely meet on one
+/// lock; 2 under loom.
+pub fn default_shard_count() -> usize {
+    1 << crate::sync::default_shard_bits(8, 16, 256)
 }
 
 /// The gate's shared state, driven through [`Attempt`]s.
@@ -97,9 +91,23 @@ impl fmt::Debug for Core {
 }
 
 impl Core {
-    /// A core with validated `config`.
+    /// A core with validated `config` and [`default_shard_count`] shards.
     pub fn new(config: Config) -> Result<Self, ConfigError> {
+        Self::with_shards(config, default_shard_count())
+    }
+
+    /// A core with validated `config` whose session table has `shards`
+    /// lock shards: a power of two from 1 to 65,536 (more shards, fewer
+    /// threads meeting on one lock, a few hundred bytes each).
+    pub fn with_shards(config: Config, shards: usize) -> Result<Self, ConfigError> {
         config.validate()?;
+        if !shards.is_power_of_two() || shards > MAX_SHARDS {
+            return Err(ConfigError {
+                field: "shards",
+                value: shards.to_string(),
+                expected: "a power of two from 1 to 65536",
+            });
+        }
         Ok(Self {
             thresholds: Thresholds {
                 high_watermark: config.high_watermark,
@@ -109,7 +117,7 @@ impl Core {
             grace_ns: config.idle_grace_ns(),
             retention_ns: config.session_retention_ns(),
             config,
-            table: SessionTable::new(default_shard_bits()),
+            table: SessionTable::new(shards.trailing_zeros()),
             waiters: Waiters::new(),
             grace_timers: TimerQueue::new(),
             retire_timers: TimerQueue::new(),
@@ -506,5 +514,31 @@ fn session_stats_of(r: &SessionRecord, now: u64) -> SessionStats {
         reservation,
         last_admitted_prompt_len: r.last_admitted_prompt_len as usize,
         idle_for: Duration::from_nanos(now.saturating_sub(r.last_activity)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shard_count_is_a_refused_or_honoured_argument() {
+        let core = Core::with_shards(Config::default(), 4).unwrap();
+        assert_eq!(core.table.shard_bits(), 2);
+        assert_eq!(
+            Core::new(Config::default()).unwrap().table.shard_bits(),
+            default_shard_count().trailing_zeros()
+        );
+        assert_eq!(
+            Core::with_shards(Config::default(), 1)
+                .unwrap()
+                .table
+                .shard_bits(),
+            0
+        );
+        for bad in [0, 3, MAX_SHARDS * 2] {
+            let err = Core::with_shards(Config::default(), bad).unwrap_err();
+            assert_eq!(err.field, "shards", "{bad}");
+        }
     }
 }

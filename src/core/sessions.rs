@@ -13,7 +13,7 @@ use hashbrown::hash_table::{Entry, HashTable};
 use crate::core::stats::ShardCounters;
 use crate::core::timers::NEVER;
 use crate::core::waiters::Slot;
-use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, MutexGuard, TableHasher};
 
 /// A session id with its precomputed hash. Cloning shares the bytes.
 #[derive(Debug, Clone)]
@@ -266,14 +266,6 @@ impl Shard {
         self.map.lock()
     }
 }
-
-/// Seeds the shard hash. Randomly keyed normally; fixed under loom, where a
-/// model must take the same path every time it replays an interleaving (a
-/// random key would move sessions between shards from one replay to the next).
-#[cfg(not(loom))]
-type TableHasher = std::hash::RandomState;
-#[cfg(loom)]
-type TableHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
 
 /// The whole table: a power-of-two number of shards.
 #[derive(Debug)]
