@@ -17,7 +17,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::decision::{decide, Decision, Facts, Reason};
-use super::sessions::{bump, Reservation, SessionKey, ShardMap};
+use super::sessions::{bump, SessionKey, ShardMap};
 use super::stats::Probed;
 use super::waiters::{Enqueued, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
 use super::Core;
@@ -305,34 +305,16 @@ impl Attempt {
             };
             let bits = core.table.shard_bits();
             let window = reason.retains_session().then(|| {
-                if let Reservation::Grace { until, .. } = record.reservation {
-                    if until <= now {
-                        // Over before this decision but not purged yet (the
-                        // pass purged when it began): it ended by expiry, so
-                        // count it as `purge` would, before a new one replaces it.
-                        shard.counters.grace_expired.add_locked(1);
-                        record.window_ended = until;
-                    }
+                let admitted = record.reservation.admit(now, || ids.mint(index, bits));
+                if let Some(until) = admitted.expired {
+                    // Over before this decision but not purged yet (the pass
+                    // purged when it began): it ended by expiry, so count it
+                    // as `purge` would, before the new window replaces it.
+                    shard.counters.grace_expired.add_locked(1);
+                    record.window_ended = until;
                 }
-                let next = match record.reservation {
-                    Reservation::InFlight { holders, id } => Reservation::InFlight {
-                        holders: holders + 1,
-                        id,
-                    },
-                    // Renewing a live window keeps its identity.
-                    Reservation::Grace { until, id } if now < until => {
-                        Reservation::InFlight { holders: 1, id }
-                    }
-                    Reservation::Grace { .. } | Reservation::None => Reservation::InFlight {
-                        holders: 1,
-                        id: ids.mint(index, bits),
-                    },
-                };
-                core.set_reservation(record, next, &shard.counters);
-                match next {
-                    Reservation::InFlight { id, .. } => id,
-                    _ => unreachable!("retaining admissions are in flight"),
-                }
+                core.set_reservation(record, admitted.next, &shard.counters);
+                admitted.window
             });
             let lease_id = ids.mint(index, bits);
             record.pending = None;

@@ -43,7 +43,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::AcquireError;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use decision::Thresholds;
-use sessions::{bump, Reservation, SessionKey, SessionRecord, SessionTable};
+use sessions::{bump, Expiry, Reservation, SessionKey, SessionRecord, SessionTable};
 use stats::ShardCounters;
 use timers::{TimerQueue, NEVER};
 pub(crate) use waiters::Slot;
@@ -212,23 +212,9 @@ impl Core {
                 record.last_activity = now;
                 shard.counters.active_leases.sub_locked(1);
                 shard.counters.releases.add_locked(1);
-                if let (Some(window), Reservation::InFlight { holders, id }) =
-                    (window, record.reservation)
-                {
-                    if window == id {
-                        let next = if holders > 1 {
-                            Reservation::InFlight {
-                                holders: holders - 1,
-                                id,
-                            }
-                        } else if self.grace_ns == 0 {
-                            Reservation::None
-                        } else {
-                            Reservation::Grace {
-                                until: now.saturating_add(self.grace_ns),
-                                id,
-                            }
-                        };
+                if let Some(window) = window {
+                    let next = record.reservation.release(window, now, self.grace_ns);
+                    if next != record.reservation {
                         self.set_reservation(record, next, &shard.counters);
                     }
                 }
@@ -256,7 +242,8 @@ impl Core {
         let last = {
             let mut map = shard.lock();
             let found = map.find_mut(hash, session).map(|record| {
-                self.set_reservation(record, Reservation::None, &shard.counters);
+                let next = record.reservation.finish();
+                self.set_reservation(record, next, &shard.counters);
                 record.finished = true;
                 shard.counters.sessions_finished.add_locked(1);
                 let forget = self.settle(record, now, &shard.counters);
@@ -339,8 +326,8 @@ impl Core {
                 continue;
             };
             record.grace_timer = NEVER;
-            if let Reservation::Grace { until, .. } = record.reservation {
-                if until <= now {
+            match record.reservation.expire(now) {
+                Expiry::Expired { until } => {
                     self.set_reservation(record, Reservation::None, &shard.counters);
                     record.window_ended = until;
                     shard.counters.grace_expired.add_locked(1);
@@ -349,11 +336,13 @@ impl Core {
                         let key = record.key.clone();
                         map.remove(&key);
                     }
-                } else {
+                }
+                Expiry::NotYet { until } => {
                     // The window was renewed after this entry was armed.
                     record.grace_timer = until;
                     self.grace_timers.arm(until, hash);
                 }
+                Expiry::NoWindow => {}
             }
         }
         self.retire_timers.pop_due(now, PURGE_BATCH, &mut due);
