@@ -70,7 +70,8 @@ mod tests {
         send_sync::<crate::Gate>();
         send_sync::<crate::Lease>();
         send_sync::<crate::core::Core>();
-        send_sync::<crate::core::Attempt>();
+        send_sync::<crate::core::Attempt<&crate::core::Core>>();
+        send_sync::<crate::core::Attempt<std::sync::Arc<crate::core::Core>>>();
         send_sync::<crate::core::LeaseToken>();
     }
 }

@@ -34,7 +34,7 @@ pub(crate) mod waiters;
 use std::fmt;
 use std::time::Duration;
 
-pub use attempt::{Admission, Attempt, LeaseToken, Step};
+pub use attempt::{Admission, Attempt, LeaseToken, Step, StepError};
 pub use decision::Reason;
 pub use stats::{GateStats, ReservationState, SessionStats};
 pub use waiters::Notify;
@@ -131,7 +131,8 @@ impl Core {
         &self.config
     }
 
-    /// Begins an attempt for `session` at `now`.
+    /// Begins an attempt for `session` at `now`, driven through `&self`
+    /// ([`Attempt::begin`] takes an `Arc<Core>` or any other handle).
     ///
     /// Any older attempt of the same session that is still competing for
     /// admission is preempted here: its fate is sealed under the session's
@@ -145,22 +146,19 @@ impl Core {
         now: u64,
         deadline: Option<u64>,
         notifier: Box<dyn Notify>,
-    ) -> Result<Attempt, AcquireError> {
-        let slot = Arc::new(Slot::new(notifier));
-        self.begin_with_slot(session, prompt_len, now, deadline, slot)
+    ) -> Result<Attempt<&Self>, AcquireError> {
+        Attempt::begin(self, session, prompt_len, now, deadline, notifier)
     }
 
-    /// [`Core::begin`] with a slot nobody else holds: a new one, or one that
-    /// [`Attempt::into_spare_slot`] handed back. The blocking gate keeps one
-    /// per thread, so its attempts allocate nothing.
-    pub(crate) fn begin_with_slot(
+    /// Makes `slot` (which nobody else holds) the pending attempt of
+    /// `session`, preempting an older one; returns the slot, named, and the
+    /// session's key.
+    pub(crate) fn register_attempt(
         &self,
         session: &[u8],
-        prompt_len: usize,
         now: u64,
-        deadline: Option<u64>,
         mut slot: Arc<Slot>,
-    ) -> Result<Attempt, AcquireError> {
+    ) -> Result<(Arc<Slot>, SessionKey), AcquireError> {
         let hash = self.table.hash(session);
         let index = self.table.shard_index(hash);
         let shard = self.table.shard(index);
@@ -173,7 +171,7 @@ impl Core {
             let mut map = shard.lock();
             let id = map.ids.mint(index, self.table.shard_bits());
             Arc::get_mut(&mut slot)
-                .expect("begin takes a slot nobody else holds")
+                .expect("an attempt begins with a slot nobody else holds")
                 .ready(id);
             let record = map.get_or_insert(session, hash, now, &shard.counters);
             let superseded = record.pending.replace(slot.clone());
@@ -195,7 +193,102 @@ impl Core {
         if let Some(old) = superseded {
             self.waiters.wake_slot(&old, &self.grace_timers);
         }
-        Ok(Attempt::new(slot, key, prompt_len, now, deadline))
+        Ok((slot, key))
+    }
+
+    /// Grants the lease of an admission decided for `record`'s pending
+    /// attempt, under its shard's lock: the reservation row of the state
+    /// table, the record's and the shard's accounting. Returns the lease id
+    /// and the window the lease holds, if it retains the session.
+    fn grant(
+        &self,
+        record: &mut SessionRecord,
+        ids: &mut sessions::IdMint,
+        index: usize,
+        c: &ShardCounters,
+        grant: attempt::Grant,
+        now: u64,
+    ) -> (u64, Option<u64>) {
+        let bits = self.table.shard_bits();
+        let window = grant.reason.retains_session().then(|| {
+            let admitted = record.reservation.admit(now, || ids.mint(index, bits));
+            if let Some(until) = admitted.expired {
+                // Over before this decision but not purged yet (the pass
+                // purged when it began): it ended by expiry, so count it
+                // as `purge` would, before the new window replaces it.
+                c.grace_expired.add_locked(1);
+                record.window_ended = until;
+            }
+            self.set_reservation(record, admitted.next, c);
+            admitted.window
+        });
+        record.pending = None;
+        record.active_leases += 1;
+        record.last_admitted_prompt_len = u32::try_from(grant.prompt_len).unwrap_or(u32::MAX);
+        record.last_activity = now;
+        bump(&mut record.counters.admissions);
+        if let Some(wait_ns) = grant.waited {
+            count_wait(Some(record), c, wait_ns);
+        }
+        c.admissions[grant.reason.index()].add_locked(1);
+        c.active_leases.add_locked(1);
+        c.pending_attempts.sub_locked(1);
+        (ids.mint(index, bits), window)
+    }
+
+    /// Accounts for an attempt that ended with `err` (its fate sealed by
+    /// the caller) at `now`: takes it off its record and counts the outcome.
+    fn end_attempt(
+        &self,
+        key: &SessionKey,
+        slot: &Arc<Slot>,
+        err: AcquireError,
+        waited: Option<u64>,
+        now: u64,
+    ) {
+        let (_, shard) = self.shard_of(key);
+        let mut map = shard.lock();
+        let c = &shard.counters;
+        // The gate-wide outcome is counted whatever became of the record:
+        // it must equal what callers were told. The record may be gone (the
+        // session was finished or retired while this attempt was on its
+        // way out); then the attempt's per-session figures went with it.
+        match err {
+            // Counted when sealed, by `register_attempt`.
+            AcquireError::Preempted => {}
+            AcquireError::TimedOut => c.timed_out.add_locked(1),
+            AcquireError::Cancelled => c.cancelled.add_locked(1),
+            AcquireError::Closed => c.closed.add(1),
+        }
+        let record = map.get_mut(key);
+        if let Some(wait_ns) = waited {
+            count_wait(None, c, wait_ns);
+        }
+        if let Some(record) = record {
+            let mine = record
+                .pending
+                .as_ref()
+                .is_some_and(|p| Arc::ptr_eq(p, slot));
+            if mine {
+                // A preempted attempt's slot was already replaced (and the
+                // gauge handed over) by its successor.
+                record.pending = None;
+                c.pending_attempts.sub_locked(1);
+            }
+            match err {
+                AcquireError::TimedOut => bump(&mut record.counters.timed_out),
+                AcquireError::Cancelled => bump(&mut record.counters.cancelled),
+                AcquireError::Preempted | AcquireError::Closed => {}
+            }
+            if let Some(wait_ns) = waited {
+                bump(&mut record.counters.waits);
+                record.counters.wait_ns += wait_ns;
+            }
+            record.last_activity = now;
+            if self.settle(record, now, c) {
+                map.remove(key);
+            }
+        }
     }
 
     /// Releases a lease at `now` and hands the freed capacity to one waiter.
@@ -477,6 +570,17 @@ impl Core {
         }
         false
     }
+}
+
+/// Counts an attempt that slept and ended after `wait_ns`, on its record
+/// (if it has one) and its shard; the caller holds the shard lock.
+fn count_wait(record: Option<&mut SessionRecord>, c: &ShardCounters, wait_ns: u64) {
+    if let Some(record) = record {
+        bump(&mut record.counters.waits);
+        record.counters.wait_ns += wait_ns;
+    }
+    c.waits.add_locked(1);
+    c.wait_ns.add_locked(wait_ns);
 }
 
 /// A record's figures as reported at `now`.

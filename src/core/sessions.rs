@@ -23,14 +23,18 @@ pub(crate) struct SessionKey {
     pub(crate) bytes: StdArc<[u8]>,
 }
 
-/// Keys compare by hash, then by pointer, then by bytes. The keys an
-/// attempt, a lease or a timer carry are clones of their record's key, so
-/// the pointer settles nearly every lookup (std's `Arc` equality takes that
-/// shortcut only for sized contents, not for `[u8]`).
+/// Keys compare by identity: the key of a record equals only its own
+/// clones (the keys an attempt, a lease or a timer carry), never the key of
+/// another record with the same id bytes. A session can be forgotten and
+/// tracked again while an attempt of its old record is still on its way out;
+/// that attempt's figures belong to the old record, not to the new one
+/// (issue 10: a cancelled attempt was charged to the newer record). The
+/// bytes cannot be reused by another record while a clone is alive, so the
+/// pointer is a sound identity. Looking a session up *by its id* is
+/// [`ShardMap::find_mut`].
 impl PartialEq for SessionKey {
     fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash
-            && (StdArc::ptr_eq(&self.bytes, &other.bytes) || self.bytes == other.bytes)
+        self.hash == other.hash && StdArc::ptr_eq(&self.bytes, &other.bytes)
     }
 }
 
@@ -280,9 +284,18 @@ fn is_session(record: &SessionRecord, hash: u64, bytes: &[u8]) -> bool {
 }
 
 impl ShardMap {
-    /// The record of `key` (a key cloned from a record compares by pointer first).
+    /// The record `key` was cloned from, if it is still tracked.
     pub(crate) fn get_mut(&mut self, key: &SessionKey) -> Option<&mut SessionRecord> {
         self.sessions.find_mut(key.hash, |r| r.key == *key)
+    }
+
+    /// The record `key` was cloned from, in `sessions` (a field of a
+    /// `ShardMap` borrowed apart from its `ids`).
+    pub(crate) fn own_record<'a>(
+        sessions: &'a mut HashTable<SessionRecord>,
+        key: &SessionKey,
+    ) -> Option<&'a mut SessionRecord> {
+        sessions.find_mut(key.hash, |r| r.key == *key)
     }
 
     /// The record of session `bytes`, whose hash (by [`SessionTable::hash`]) is `hash`.

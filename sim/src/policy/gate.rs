@@ -78,14 +78,14 @@ enum Awaiting {
 
 #[derive(Debug)]
 struct Driven {
-    attempt: Attempt,
+    attempt: Attempt<Arc<Core>>,
     session: usize,
     awaiting: Awaiting,
 }
 
 /// The kvgate core and the attempts in progress.
 pub struct GateDriver {
-    core: Core,
+    core: Arc<Core>,
     keys: Vec<Vec<u8>>,
     woken: Arc<Mutex<Vec<u64>>>,
     attempts: FxHashMap<u64, Driven>,
@@ -106,7 +106,7 @@ impl GateDriver {
     /// A gate with `config` for `sessions` sessions.
     pub fn new(config: kvgate::Config, sessions: usize) -> Result<Self, kvgate::ConfigError> {
         Ok(Self {
-            core: Core::new(config)?,
+            core: Arc::new(Core::new(config)?),
             keys: (0..sessions)
                 .map(|s| format!("session-{s}").into_bytes())
                 .collect(),
@@ -126,11 +126,16 @@ impl GateDriver {
             id,
             woken: self.woken.clone(),
         });
-        let mut attempt = self
-            .core
-            .begin(&self.keys[session], prompt_len, now, None, notifier)
-            .expect("the simulated gate is never closed");
-        let step = attempt.start(&self.core, now);
+        let mut attempt = Attempt::begin(
+            self.core.clone(),
+            &self.keys[session],
+            prompt_len,
+            now,
+            None,
+            notifier,
+        )
+        .expect("the simulated gate is never closed");
+        let step = attempt.start(now).expect("a new attempt starts");
         self.attempts.insert(
             id,
             Driven {
@@ -154,8 +159,8 @@ impl GateDriver {
             "answer to the probe asked"
         );
         let step = match kind {
-            ProbeKind::Usage => d.attempt.on_usage(&self.core, value, now),
-            ProbeKind::Prefix => d.attempt.on_prefix(&self.core, value, now),
+            ProbeKind::Usage => d.attempt.on_usage(value, now).expect("answered in order"),
+            ProbeKind::Prefix => d.attempt.on_prefix(value, now).expect("answered in order"),
         };
         self.handle(id, step)
     }
@@ -166,7 +171,7 @@ impl GateDriver {
         if d.awaiting != (Awaiting::Wake { generation }) {
             return None;
         }
-        let step = d.attempt.on_wake(&self.core, now);
+        let step = d.attempt.on_wake(now).expect("woken after a sleep");
         Some(self.handle(id, step))
     }
 
@@ -183,7 +188,7 @@ impl GateDriver {
                 };
                 // An attempt awaiting a probe answer learns its fate from it.
                 if matches!(d.awaiting, Awaiting::Wake { .. }) {
-                    let step = d.attempt.on_wake(&self.core, now);
+                    let step = d.attempt.on_wake(now).expect("woken after a sleep");
                     out.push(self.handle(id, step));
                 }
             }
