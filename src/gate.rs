@@ -13,9 +13,11 @@ use crate::lease::Lease;
 use crate::parker::{Parker, ParkerHandle};
 use crate::probe::Probe;
 use crate::sync::Arc;
+use crate::watch::DeadlineWatch;
 
 pub(crate) struct Shared {
     core: Core,
+    watch: DeadlineWatch,
     probe: Box<dyn Probe>,
     clock: Box<dyn Clock>,
 }
@@ -103,6 +105,7 @@ impl Gate {
         Ok(Self {
             shared: Arc::new(Shared {
                 core: Core::new(config)?,
+                watch: DeadlineWatch::new(),
                 probe: Box::new(probe),
                 clock: Box::new(clock),
             }),
@@ -165,8 +168,13 @@ impl Gate {
                     attempt.on_prefix(raw, clock.now_ns())
                 }
                 Step::Sleep { until_ns } => {
-                    parker.park_until(clock, until_ns);
-                    attempt.on_wake(clock.now_ns())
+                    let until = shared.watch.sleep_until(&parker, &shared.core, until_ns);
+                    parker.park_until(clock, until);
+                    let next = attempt.on_wake(clock.now_ns());
+                    if !matches!(next, Ok(Step::Sleep { .. })) {
+                        shared.watch.leave(&parker, &shared.core);
+                    }
+                    next
                 }
                 Step::Admitted(token) => break Ok(Lease::new(self.shared.clone(), token)),
                 Step::Failed(err) => break Err(err),

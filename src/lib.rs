@@ -52,6 +52,7 @@ mod lease;
 mod parker;
 mod probe;
 mod sync;
+mod watch;
 
 pub use crate::clock::{Clock, ManualClock, MonotonicClock};
 pub use crate::config::{Config, ConfigError};

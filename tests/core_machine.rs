@@ -1,7 +1,7 @@
 //! The sans-IO core driven by hand, in virtual time: every wake-up the core
 //! sends is counted, so targeting (one waiter per event, chaining on
-//! admission, absorption on re-wait), the grace watcher and the epoch check
-//! are asserted exactly, with no thread and no real clock.
+//! admission, absorption on re-wait), the next deadline and its nudge, and
+//! the epoch check are asserted exactly, with no thread and no real clock.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -212,70 +212,74 @@ fn window(core: &Core, id: &str, t0: u64, released: u64) {
 }
 
 #[test]
-fn only_one_sleeper_watches_the_earliest_grace_expiry() {
+fn the_core_answers_its_next_deadline_and_a_sleeper_woken_then_fires_it() {
     let (poll, grace) = (100, 5);
     let core = core(poll, grace);
+    assert_eq!(core.next_deadline(), None, "no window, no deadline");
     window(&core, "g1", 0, 10 * SEC);
     window(&core, "g2", 0, 11 * SEC);
     let (first, second) = ((10 + grace) * SEC, (11 + grace) * SEC);
-    let (mut w1, until1) = cold_waiter(&core, "w1", 12 * SEC);
-    let (mut w2, until2) = cold_waiter(&core, "w2", 13 * SEC);
     assert_eq!(
-        until1, first,
-        "the first sleeper watches the earliest expiry"
+        core.next_deadline(),
+        Some(first),
+        "the earliest window's end"
     );
-    assert_eq!(until2, (13 + poll) * SEC, "the others sleep to their poll");
-    // Nobody calls into the gate; the watcher wakes at the expiry and purges it.
+    // The queue holds no deadline: a sleep ends at the attempt's own poll,
+    // and the driver folds the core's deadline in.
+    let (mut w1, until1) = cold_waiter(&core, "w1", 12 * SEC);
+    let (w2, until2) = cold_waiter(&core, "w2", 13 * SEC);
+    assert_eq!((until1, until2), ((12 + poll) * SEC, (13 + poll) * SEC));
+    // Nobody calls into the gate; w1's driver wakes at the deadline, and
+    // its on_wake fires the expiry, an event for w1, first in line.
     let w2_before = w2.wakes();
     let step = w1.attempt.on_wake(first).unwrap();
-    assert!(
-        matches!(step, Step::ProbeUsage),
-        "the expiry is an event, and w1 is first in line: {step:?}"
-    );
+    assert!(matches!(step, Step::ProbeUsage), "{step:?}");
     assert_eq!(
         core.session_stats(b"g1", first).unwrap().reservation,
         ReservationState::None
     );
     assert_eq!(core.stats(first).grace_expired, 1);
-    // The watch moved to w2, which was told to recompute its deadline.
-    assert_eq!(w2.wakes(), w2_before + 1);
-    let until = sleep_until(w2.attempt.on_wake(first).unwrap());
-    assert_eq!(until, second, "w2 now watches g2's expiry");
-    // When the last window is gone, the watch falls back to the poll.
-    let step = w2.attempt.on_wake(second).unwrap();
-    assert!(matches!(step, Step::ProbeUsage), "{step:?}");
-    assert!(matches!(
-        w2.attempt.on_usage(Some(0.95), second).unwrap(),
-        Step::ProbePrefix
-    ));
-    let until = sleep_until(w2.attempt.on_prefix(Some(0.1), second).unwrap());
-    assert_eq!(until, second + poll * SEC);
+    assert_eq!(w2.wakes(), w2_before, "one event, one waiter woken");
+    assert_eq!(core.next_deadline(), Some(second), "the next window's end");
+    core.purge(second);
+    assert_eq!(core.next_deadline(), None, "every window is gone");
+    assert_eq!(core.stats(second).grace_expired, 2);
 }
 
 #[test]
-fn a_window_opened_after_the_watcher_slept_shortens_its_sleep() {
+fn a_window_that_becomes_the_earliest_deadline_nudges_the_newest_sleeper() {
     let core = core(100, 5);
-    let (w, until) = cold_waiter(&core, "w", 0);
+    let (w1, _) = cold_waiter(&core, "w1", 0);
+    let (mut w2, until) = cold_waiter(&core, "w2", 0);
+    assert_eq!((until, core.next_deadline()), (100 * SEC, None));
+    let token = resident_lease(&core, "g", SEC);
+    let (b1, b2) = (w1.wakes(), w2.wakes());
+    core.release(token, 2 * SEC); // a window until 7 s: the earliest deadline
+    assert_eq!(core.next_deadline(), Some(7 * SEC));
+    assert_eq!(
+        w1.wakes(),
+        b1 + 1,
+        "the release's event, to the longest asleep"
+    );
+    assert_eq!(w2.wakes(), b2 + 1, "the newest sleeper is nudged");
+    // Nudged, w2 has nothing to take: it sleeps on in its place, and its
+    // driver asks for the deadline again.
+    let until = sleep_until(w2.attempt.on_wake(2 * SEC).unwrap());
     assert_eq!(until, 100 * SEC);
-    let (mut g, _) = begin(&core, "g", SEC, None);
-    assert!(matches!(
-        g.attempt.on_usage(Some(0.95), SEC).unwrap(),
-        Step::ProbePrefix
-    ));
-    let token = admitted(g.attempt.on_prefix(Some(0.9), SEC).unwrap());
-    let before = w.wakes();
-    core.release(token, 2 * SEC);
-    // The release itself hands w an event (and a rewatch); either way it wakes.
-    assert!(w.wakes() > before);
-    let mut w = w;
-    let step = w.attempt.on_wake(2 * SEC).unwrap();
-    assert!(matches!(step, Step::ProbeUsage));
-    assert!(matches!(
-        w.attempt.on_usage(Some(0.95), 2 * SEC).unwrap(),
-        Step::ProbePrefix
-    ));
-    let until = sleep_until(w.attempt.on_prefix(Some(0.1), 2 * SEC).unwrap());
-    assert_eq!(until, 7 * SEC, "sleeps no later than g's expiry");
+    assert_eq!(
+        core.stats(2 * SEC).waiting_attempts,
+        1,
+        "w1 left with the event"
+    );
+    // A later window does not move the earliest deadline: nobody is nudged.
+    let b2 = w2.wakes();
+    core.release(resident_lease(&core, "h", 3 * SEC), 3 * SEC);
+    assert_eq!(core.next_deadline(), Some(7 * SEC));
+    assert_eq!(
+        w2.wakes(),
+        b2 + 1,
+        "only the release's event (w2 is the only sleeper)"
+    );
 }
 
 #[test]

@@ -883,7 +883,9 @@ impl Harness {
                 if let Some(d) = att.deadline {
                     prop_assert!(until_ns <= d, "sleeps past its deadline: {until_ns} > {d}");
                 }
-                self.live[i].until = until_ns;
+                // The driver folds the core's next deadline into the sleep.
+                let next = self.core.next_deadline();
+                self.live[i].until = next.map_or(until_ns, |d| d.min(until_ns));
             }
             (
                 Step::Admitted(token),
@@ -1100,9 +1102,10 @@ impl Harness {
                 );
             }
         }
-        // 4: no missed expiry: while anyone sleeps and a window is pending,
-        // some sleeper wakes no later than the earliest window's end (the
-        // watcher) or has a notification to act on.
+        // 4: no missed expiry: the core's next deadline is no later than
+        // the earliest window's end, and while anyone sleeps and a window is
+        // pending, some sleeper wakes no later than it (its driver folded
+        // the deadline in) or has a notification to act on (a nudge).
         let earliest = model
             .sessions
             .values()
@@ -1111,6 +1114,13 @@ impl Harness {
                 _ => None,
             })
             .min();
+        if let Some(end) = earliest {
+            let next = self.core.next_deadline();
+            prop_assert!(
+                next.is_some_and(|d| d <= end),
+                "next_deadline {next:?} is later than the expiry at {end}"
+            );
+        }
         if let (Some(end), false) = (earliest, model.queue.is_empty()) {
             let watched = self.live.iter().any(|l| {
                 model.attempts[l.m].phase == Phase::Asleep

@@ -43,7 +43,9 @@ pub enum Step {
     /// Call the prefix probe, then [`Attempt::on_prefix`].
     ProbePrefix,
     /// Sleep until the attempt's notifier fires or the clock reaches
-    /// `until_ns`, then call [`Attempt::on_wake`].
+    /// `until_ns` (the attempt's poll or timeout), then call
+    /// [`Attempt::on_wake`]. A driver also wakes by [`Core::next_deadline`]
+    /// if no other sleeper of its does (one is enough).
     Sleep {
         /// Absolute deadline on the driver's clock.
         until_ns: u64,
@@ -388,28 +390,27 @@ impl Machine {
         }
         let poll_due = self.poll_deadline.is_some_and(|p| now >= p);
         if self.holding_event || poll_due {
-            core.waiters.dequeue(&self.slot, &core.grace_timers);
+            core.waiters.dequeue(&self.slot);
             return self.new_pass(core, now);
         }
         if self.deadline.is_some_and(|d| now >= d) {
             return self.fail(core, AcquireError::TimedOut, now);
         }
-        // Woken for the watch deadline, a rewatch or a tick: fire what is due
-        // (which may hand an event to this very attempt), else sleep on.
+        // Woken for a deadline the driver folded in (`Core::next_deadline`),
+        // a tick or a nudge: fire what is due (which may hand an event to
+        // this very attempt), else sleep on in place.
         core.purge(now);
-        match core.waiters.stay_asleep(&self.slot, &core.grace_timers) {
-            Some(watch_until) => Step::Sleep {
-                until_ns: self.sleep_until(watch_until),
-            },
-            None => {
-                // Taken out of the queue meanwhile: by an event or a fate.
-                self.take_event();
-                if let Some(err) = self.fate(core) {
-                    return self.fail(core, err, now);
-                }
-                self.new_pass(core, now)
-            }
+        if core.waiters.still_queued(&self.slot) {
+            return Step::Sleep {
+                until_ns: self.sleep_until(),
+            };
         }
+        // Taken out of the queue meanwhile: by an event or a fate.
+        self.take_event();
+        if let Some(err) = self.fate(core) {
+            return self.fail(core, err, now);
+        }
+        self.new_pass(core, now)
     }
 
     fn new_pass(&mut self, core: &Core, now: u64) -> Step {
@@ -498,31 +499,27 @@ impl Machine {
             return self.fail(core, AcquireError::TimedOut, now);
         }
         let epoch = self.pass_epoch;
-        let enqueued = core.waiters.enqueue(&self.slot, &core.grace_timers, || {
+        let enqueued = core.waiters.enqueue(&self.slot, || {
             core.epoch() != epoch || core.is_closed() || self.slot.fate() != ACTIVE
         });
         match enqueued {
             Enqueued::LookAgain => self.new_pass(core, now),
-            Enqueued::Asleep { watch_until } => {
+            Enqueued::Asleep => {
                 self.waited = true;
                 self.phase = Phase::Asleep;
                 self.poll_deadline = Some(now.saturating_add(core.poll_ns));
                 Step::Sleep {
-                    until_ns: self.sleep_until(watch_until),
+                    until_ns: self.sleep_until(),
                 }
             }
         }
     }
 
-    fn sleep_until(&self, watch_until: Option<u64>) -> u64 {
-        let mut until = self.poll_deadline.expect("set when the pass first slept");
-        if let Some(d) = self.deadline {
-            until = until.min(d);
-        }
-        if let Some(w) = watch_until {
-            until = until.min(w);
-        }
-        until
+    /// The attempt's own deadlines: its poll and its timeout. The core's
+    /// (`Core::next_deadline`) are the driver's to fold in.
+    fn sleep_until(&self) -> u64 {
+        let until = self.poll_deadline.expect("set when the pass first slept");
+        self.deadline.map_or(until, |d| until.min(d))
     }
 
     /// Closed, preempted or cancelled, checked in that order.
@@ -540,7 +537,7 @@ impl Machine {
     fn fail(&mut self, core: &Core, mut err: AcquireError, now: u64) -> Step {
         debug_assert_ne!(self.phase, Phase::Done);
         self.phase = Phase::Done;
-        core.waiters.dequeue(&self.slot, &core.grace_timers);
+        core.waiters.dequeue(&self.slot);
         // An event handed to this attempt that it never took with `on_wake`
         // (its driver abandoned it while it slept) is passed on below like a
         // held one, or the next sleeper would sleep until its poll.

@@ -191,7 +191,7 @@ impl Core {
             (record.key.clone(), superseded)
         };
         if let Some(old) = superseded {
-            self.waiters.wake_slot(&old, &self.grace_timers);
+            self.waiters.wake_slot(&old);
         }
         Ok((slot, key))
     }
@@ -375,7 +375,7 @@ impl Core {
         };
         match target {
             Some(slot) => {
-                self.waiters.wake_slot(&slot, &self.grace_timers);
+                self.waiters.wake_slot(&slot);
                 true
             }
             None => false,
@@ -401,8 +401,23 @@ impl Core {
         self.waiters.wake_all();
     }
 
+    /// The earliest time at which something may change an admission by
+    /// itself (a grace window's end), or `None`: the core's
+    /// `poll_timeout`. Nothing happens by itself at that time, since the
+    /// core spawns nothing: a driver folds it into its sleep (one sleeper is
+    /// enough; the blocking gate picks one) and touches the core then, by
+    /// [`Attempt::on_wake`] or [`Core::purge`]. It only moves later, except
+    /// when a window opens with none earlier; then the newest sleeper is
+    /// nudged to ask again. Retirements (memory only) are not included: any
+    /// later call fires them.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let earliest = self.grace_timers.earliest();
+        (earliest != NEVER).then_some(earliest)
+    }
+
     /// Fires every due grace expiry and retirement. Called by every entry
-    /// point; hosts need not call it, but may (e.g. before scraping stats).
+    /// point; hosts need not call it, but may (e.g. before scraping stats,
+    /// or a driver with no sleeping attempt at [`Core::next_deadline`]).
     pub fn purge(&self, now: u64) {
         if now < self.grace_timers.earliest() && now < self.retire_timers.earliest() {
             return; // the fast path: nothing due
@@ -433,7 +448,7 @@ impl Core {
                 Expiry::NotYet { until } => {
                     // The window was renewed after this entry was armed.
                     record.grace_timer = until;
-                    self.grace_timers.arm(until, hash);
+                    self.arm_grace(until, hash);
                 }
                 Expiry::NoWindow => {}
             }
@@ -503,6 +518,30 @@ impl Core {
         self.epoch.load(Ordering::SeqCst)
     }
 
+    /// Arms a grace expiry; if it became the earliest deadline, sleepers
+    /// folded a later one (or none) into their sleep: one is nudged to ask
+    /// [`Core::next_deadline`] again.
+    fn arm_grace(&self, until: u64, hash: u64) {
+        if self.grace_timers.arm(until, hash) {
+            // The waker's half of the handshake with `Waiters::enqueue`: the
+            // deadline is written (armed), now read "asleep". A sleeper
+            // either reads this deadline after registering or is seen here.
+            crate::sync::dekker_fence();
+            if self.waiters.sleeping() > 0 {
+                self.waiters.nudge_newest();
+            }
+        }
+    }
+
+    /// Wakes one sleeper (the newest) with nothing to take, so that its
+    /// driver asks [`Core::next_deadline`] again (the blocking gate, when
+    /// the thread that watched the deadline stopped sleeping).
+    pub(crate) fn nudge_a_sleeper(&self) {
+        if self.waiters.sleeping() > 0 {
+            self.waiters.nudge_newest();
+        }
+    }
+
     /// Capacity may have been freed: bump the epoch, then wake one sleeper.
     fn capacity_event(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
@@ -516,7 +555,7 @@ impl Core {
     /// `capacity_event`) or one an attempt received and did not use.
     fn pass_on_event(&self) {
         if self.waiters.sleeping() > 0 {
-            self.waiters.wake_one(&self.grace_timers);
+            self.waiters.wake_one();
         }
     }
 
@@ -535,9 +574,8 @@ impl Core {
                 // One live entry per record: an earlier entry re-arms itself when it fires.
                 if record.grace_timer == NEVER || record.grace_timer > until {
                     record.grace_timer = until;
-                    self.grace_timers.arm(until, record.key.hash);
+                    self.arm_grace(until, record.key.hash);
                 }
-                self.waiters.expiry_added(until);
             }
         }
         record.reservation = next;

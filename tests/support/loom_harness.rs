@@ -192,7 +192,7 @@ impl Notify for Wake {
 /// whose deadline passed, as a real timed wait would (the tokio time-driver
 /// tests' `process_at_time`). Unlike `clock_advanced`, which wakes everyone,
 /// this leaves a sleeper with a deadline too late asleep, which is what makes
-/// a wrong deadline (e.g. a watcher sleeping past an expiry) a deadlock.
+/// a wrong deadline (e.g. a driver sleeping past the next deadline) a deadlock.
 #[derive(Debug)]
 pub struct VirtualTime {
     pub clock: StdArc<ManualClock>,
@@ -306,7 +306,10 @@ pub fn drive_from(
                 d.attempt.on_prefix(hit, time.now()).unwrap()
             }
             Step::Sleep { until_ns } => {
-                time.sleep(&d.parker, until_ns);
+                // Every sleeper folds the core's deadline in (the blocking
+                // gate lets one do it; either way someone wakes for it).
+                let until = core.next_deadline().map_or(until_ns, |t| t.min(until_ns));
+                time.sleep(&d.parker, until);
                 d.attempt.on_wake(time.now()).unwrap()
             }
             Step::Admitted(token) => return Ok(token),

@@ -5,7 +5,8 @@
 //! - `Step::ProbeUsage` / `Step::ProbePrefix` become probe events sent to the
 //!   session's replica; their answers come back after the probe latency and
 //!   are fed to `on_usage` / `on_prefix` at the time they arrive.
-//! - `Step::Sleep { until_ns }` becomes a timer event; the core's
+//! - `Step::Sleep { until_ns }` becomes a timer event (at the core's
+//!   `next_deadline` if that is earlier); the core's
 //!   [`Notify`] (called with gate locks held) only records the attempt on a
 //!   "woken" list, which the event loop drains at the current simulated
 //!   time, calling `on_wake`. A timer that finds the attempt already awake
@@ -235,11 +236,14 @@ impl GateDriver {
                 self.next_generation += 1;
                 let generation = self.next_generation;
                 self.attempts.get_mut(&id).expect("live").awaiting = Awaiting::Wake { generation };
-                Action::Timer {
-                    id,
-                    generation,
-                    at: until_ns,
-                }
+                // The core's next deadline (a grace window's end) is folded
+                // into every sleeper's timer: in simulated time a herd of
+                // timers costs nothing, and one that fires does what is due.
+                let at = self
+                    .core
+                    .next_deadline()
+                    .map_or(until_ns, |d| d.min(until_ns));
+                Action::Timer { id, generation, at }
             }
             Step::Admitted(token) => {
                 let d = self.attempts.remove(&id).expect("live");
