@@ -1,7 +1,6 @@
 //! The blocking gate: drives the sans-IO core with the calling thread, the
 //! host's probes and a monotonic clock.
 
-#[cfg(not(loom))]
 use std::cell::Cell;
 use std::fmt;
 use std::time::Duration;
@@ -14,9 +13,11 @@ use crate::lease::Lease;
 use crate::parker::{Parker, ParkerHandle};
 use crate::probe::Probe;
 use crate::sync::Arc;
+use crate::watch::DeadlineWatch;
 
 pub(crate) struct Shared {
     core: Core,
+    watch: DeadlineWatch,
     probe: Box<dyn Probe>,
     clock: Box<dyn Clock>,
 }
@@ -46,22 +47,6 @@ impl fmt::Debug for Gate {
     }
 }
 
-/// Ends the attempt if its driver unwinds (a probe panicked), so no pending
-/// slot is left behind.
-struct Driving<'a> {
-    shared: &'a Shared,
-    /// `None` only once the attempt has ended and been taken back.
-    attempt: Option<Attempt>,
-}
-
-impl Drop for Driving<'_> {
-    fn drop(&mut self) {
-        if let Some(attempt) = &mut self.attempt {
-            attempt.abandon(&self.shared.core, self.shared.clock.now_ns());
-        }
-    }
-}
-
 /// What a thread needs to wait in `acquire`: a parker and an attempt slot
 /// whose notifier unparks it.
 ///
@@ -78,7 +63,6 @@ struct ThreadWaker {
 
 impl ThreadWaker {
     fn take() -> Self {
-        #[cfg(not(loom))]
         if let Some(spare) = SPARE.try_with(Cell::take).ok().flatten() {
             return spare;
         }
@@ -89,22 +73,19 @@ impl ThreadWaker {
 
     /// Keeps the parker and the ended attempt's slot for this thread's next
     /// attempt, if nobody else holds the slot any more.
-    fn give_back(parker: Arc<Parker>, attempt: Attempt) {
+    fn give_back(parker: Arc<Parker>, attempt: Attempt<&Core>) {
         let Some(slot) = attempt.into_spare_slot() else {
             return;
         };
-        // Fails only while the thread is exiting: then it is simply dropped.
-        #[cfg(not(loom))]
-        let _ = SPARE.try_with(|spare| spare.set(Some(ThreadWaker { parker, slot })));
-        // Under loom, objects must not outlive one model execution.
-        #[cfg(loom)]
-        drop((parker, slot));
+        if crate::sync::KEEP_PER_THREAD_SPARES {
+            // Fails only while the thread is exiting: then it is simply dropped.
+            let _ = SPARE.try_with(|spare| spare.set(Some(ThreadWaker { parker, slot })));
+        }
     }
 }
 
-#[cfg(not(loom))]
-thread_local! {
-    static SPARE: Cell<Option<ThreadWaker>> = const { Cell::new(None) };
+crate::sync::thread_local_cell! {
+    static SPARE: Cell<Option<ThreadWaker>> = Cell::new(None);
 }
 
 impl Gate {
@@ -124,6 +105,7 @@ impl Gate {
         Ok(Self {
             shared: Arc::new(Shared {
                 core: Core::new(config)?,
+                watch: DeadlineWatch::new(),
                 probe: Box::new(probe),
                 clock: Box::new(clock),
             }),
@@ -169,38 +151,37 @@ impl Gate {
         let clock = &*shared.clock;
         let ThreadWaker { parker, slot } = ThreadWaker::take();
         let started = clock.now_ns();
-        let attempt =
-            shared
-                .core
-                .begin_with_slot(session, prompt.len(), started, deadline, slot)?;
-        let mut driving = Driving {
-            shared,
-            attempt: Some(attempt),
-        };
-        let core = &shared.core;
-        let attempt = driving.attempt.as_mut().expect("taken back only below");
-        let mut step = attempt.start(core, started);
+        // Dropped on any way out, a probe's unwind included, the attempt
+        // abandons itself: no pending slot is left behind.
+        let mut attempt =
+            Attempt::begin_with_slot(&shared.core, session, prompt.len(), started, deadline, slot)?;
+        let mut step = attempt.start(started);
         let outcome = loop {
-            step = match step {
+            // Our own driver answers each step once, in order.
+            let next = match step.expect("the blocking driver answers what was asked") {
                 Step::ProbeUsage => {
                     let raw = shared.probe.kv_cache_usage(session);
-                    attempt.on_usage(core, raw, clock.now_ns())
+                    attempt.on_usage(raw, clock.now_ns())
                 }
                 Step::ProbePrefix => {
                     let raw = shared.probe.prefix_hit_ratio(session, prompt);
-                    attempt.on_prefix(core, raw, clock.now_ns())
+                    attempt.on_prefix(raw, clock.now_ns())
                 }
                 Step::Sleep { until_ns } => {
-                    parker.park_until(clock, until_ns);
-                    attempt.on_wake(core, clock.now_ns())
+                    let until = shared.watch.sleep_until(&parker, &shared.core, until_ns);
+                    parker.park_until(clock, until);
+                    let next = attempt.on_wake(clock.now_ns());
+                    if !matches!(next, Ok(Step::Sleep { .. })) {
+                        shared.watch.leave(&parker, &shared.core);
+                    }
+                    next
                 }
                 Step::Admitted(token) => break Ok(Lease::new(self.shared.clone(), token)),
                 Step::Failed(err) => break Err(err),
             };
+            step = next;
         };
-        if let Some(ended) = driving.attempt.take() {
-            ThreadWaker::give_back(parker, ended);
-        }
+        ThreadWaker::give_back(parker, attempt);
         outcome
     }
 

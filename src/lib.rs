@@ -52,6 +52,7 @@ mod lease;
 mod parker;
 mod probe;
 mod sync;
+mod watch;
 
 pub use crate::clock::{Clock, ManualClock, MonotonicClock};
 pub use crate::config::{Config, ConfigError};
@@ -70,7 +71,8 @@ mod tests {
         send_sync::<crate::Gate>();
         send_sync::<crate::Lease>();
         send_sync::<crate::core::Core>();
-        send_sync::<crate::core::Attempt>();
+        send_sync::<crate::core::Attempt<&crate::core::Core>>();
+        send_sync::<crate::core::Attempt<std::sync::Arc<crate::core::Core>>>();
         send_sync::<crate::core::LeaseToken>();
     }
 }

@@ -117,6 +117,52 @@ mod imp {
 
 pub(crate) use imp::*;
 
+/// Declares a thread-local: std's normally, loom's under loom (loom runs its
+/// model threads as coroutines on one OS thread, so a std thread-local would
+/// be shared by every model thread). loom's macro takes no `const` block.
+#[cfg(not(loom))]
+macro_rules! thread_local_cell {
+    ($(#[$attr:meta])* static $name:ident: $ty:ty = $init:expr;) => {
+        std::thread_local! { $(#[$attr])* static $name: $ty = const { $init }; }
+    };
+}
+#[cfg(loom)]
+macro_rules! thread_local_cell {
+    ($(#[$attr:meta])* static $name:ident: $ty:ty = $init:expr;) => {
+        loom::thread_local! { $(#[$attr])* static $name: $ty = $init; }
+    };
+}
+pub(crate) use thread_local_cell;
+
+/// Whether a thread may keep objects for its next call (the blocking gate's
+/// spare parker and slot). Not under loom: an object must not outlive the
+/// model execution that made it.
+pub(crate) const KEEP_PER_THREAD_SPARES: bool = !cfg!(loom);
+
+/// How many shards (as a power of two's exponent) a lock-sharded table gets
+/// by default: about `per_cpu` per CPU, within `[min, max]`, so threads
+/// rarely meet on one lock. Under loom always 1 bit: models stay small and
+/// two shards still exercise cross-shard paths.
+pub(crate) fn default_shard_bits(per_cpu: usize, min: usize, max: usize) -> u32 {
+    if cfg!(loom) {
+        return 1;
+    }
+    let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
+    (cpus * per_cpu)
+        .next_power_of_two()
+        .clamp(min, max)
+        .trailing_zeros()
+}
+
+/// Seeds the session table's hash. Randomly keyed normally; fixed under
+/// loom, where a model must take the same path every time it replays an
+/// interleaving (a random key would move sessions between shards from one
+/// replay to the next).
+#[cfg(not(loom))]
+pub(crate) type TableHasher = std::hash::RandomState;
+#[cfg(loom)]
+pub(crate) type TableHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
+
 /// Orders a preceding write before a following read, for the two-sided
 /// "write mine, then read yours" handshakes that keep wake-ups from being
 /// lost (a sleeper writes "asleep" then reads the event epoch; a waker

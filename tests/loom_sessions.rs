@@ -201,53 +201,57 @@ fn lazy_purge_vs_a_reserved_session_admission() {
     });
 }
 
-/// The watcher and its handover, with time that wakes only the sleepers
-/// whose deadline passed (no `clock_advanced`, which would wake everyone).
-/// Two cold waiters are asleep under pressure (the first watches for grace
-/// expiries; there is no window yet, so both sleep to their 100 s poll). A
-/// resident session's lease is released: that opens a grace window and
-/// hands a capacity event to the first waiter, which re-probes, still sees
-/// pressure and sleeps again, while the watch passes to the other. Then time
-/// moves to the window's end, where the engine frees its blocks. Whatever
-/// the interleaving, someone must be asleep with a deadline no later than
-/// the expiry (whoever holds the watch by then), and the expiry's event must
-/// chain to both waiters: each is admitted `open`.
+/// The next deadline reaching sleepers, with time that wakes only the
+/// sleepers whose deadline passed (no `clock_advanced`, which would wake
+/// everyone). Two cold waiters are asleep under pressure (no window yet, so
+/// both sleep to their 100 s poll). A resident session's lease is released:
+/// that opens a grace window, which becomes the core's next deadline and
+/// nudges the newest sleeper, and hands a capacity event to the first
+/// waiter, which re-probes, still sees pressure and sleeps again. The
+/// drivers fold `Core::next_deadline` into their sleeps. Then time moves to
+/// the window's end, where the engine frees its blocks. Whatever the
+/// interleaving, someone must be asleep with a deadline no later than the
+/// expiry, and the expiry's event must chain to both waiters: each is
+/// admitted `open`.
 ///
 /// The waiters are put to sleep before the threads start (how a waiter goes
 /// to sleep is what the other models race); this keeps the model to the
 /// handover and the expiry, at about 10^4 interleavings instead of 10^6.
 #[test]
-fn the_watcher_wakes_at_an_expiry_after_a_handover() {
-    model("the_watcher_wakes_at_an_expiry_after_a_handover", || {
-        let (core, time, _) = core(HIGH);
-        let expiry = time.now() + config().idle_grace.as_nanos() as u64; // released at the start time
-        let probe = ScriptedProbe::low_from(HIGH, time.clock.clone(), expiry);
-        let lease = acquire(&core, &time, &probe, b"hot-g").expect("resident");
-        let waiters: Vec<_> = [&b"cold-1"[..], b"cold-2"]
-            .into_iter()
-            .map(|s| {
-                let (d, step) = asleep(&core, &time, s);
-                let (c, t, p) = (core.clone(), time.clone(), probe.clone());
-                thread::spawn(move || drive_from(&c, &t, &p, d, step))
-            })
-            .collect();
-        assert_eq!(core.stats(time.now()).waiting_attempts, 2);
-        let (c, t) = (core.clone(), time.clone());
-        let ticker = thread::spawn(move || {
-            c.release(lease, t.now()); // grace until `expiry`
-            t.advance_to(expiry);
-        });
-        ticker.join().unwrap();
-        for w in waiters {
-            let token = w.join().unwrap().expect("admitted after the expiry");
-            assert_eq!(token.admission().reason, Reason::Open);
-            core.release(token, expiry);
-        }
-        let g = core.stats(expiry);
-        assert_eq!(
-            (g.grace_expired, g.reserved_in_grace, g.active_leases),
-            (1, 0, 0)
-        );
-        assert_eq!((g.pending_attempts, g.waiting_attempts), (0, 0));
-    });
+fn the_next_deadline_reaches_a_sleeper_after_a_window_opens() {
+    model(
+        "the_next_deadline_reaches_a_sleeper_after_a_window_opens",
+        || {
+            let (core, time, _) = core(HIGH);
+            let expiry = time.now() + config().idle_grace.as_nanos() as u64; // released at the start time
+            let probe = ScriptedProbe::low_from(HIGH, time.clock.clone(), expiry);
+            let lease = acquire(&core, &time, &probe, b"hot-g").expect("resident");
+            let waiters: Vec<_> = [&b"cold-1"[..], b"cold-2"]
+                .into_iter()
+                .map(|s| {
+                    let (d, step) = asleep(&core, &time, s);
+                    let (c, t, p) = (core.clone(), time.clone(), probe.clone());
+                    thread::spawn(move || drive_from(&c, &t, &p, d, step))
+                })
+                .collect();
+            assert_eq!(core.stats(time.now()).waiting_attempts, 2);
+            let (c, t) = (core.clone(), time.clone());
+            let ticker = thread::spawn(move || {
+                c.release(lease, t.now()); // grace until `expiry`
+                t.advance_to(expiry);
+            });
+            ticker.join().unwrap();
+            for w in waiters {
+                let token = w.join().unwrap().expect("admitted after the expiry");
+                assert_eq!(token.admission().reason, Reason::Open);
+                core.release(token, expiry);
+            }
+            let g = core.stats(expiry);
+            assert_eq!(
+                (g.grace_expired, g.reserved_in_grace, g.active_leases),
+                (1, 0, 0)
+            );
+            assert_eq!((g.pending_attempts, g.waiting_attempts), (0, 0));
+        },
+    );
 }

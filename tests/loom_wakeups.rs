@@ -132,8 +132,8 @@ fn finish_reaches_a_waiter_going_to_sleep() {
 /// waiter sleeps; the engine frees its blocks at that moment (usage drops).
 /// The clock thread only moves time and says so (`clock_advanced`); it never
 /// purges. The waiter must notice the expiry itself: woken by the tick if it
-/// was parked, and, if it parks after the tick, because the watcher never
-/// sleeps past the earliest expiry.
+/// was parked, and, if it parks after the tick, because the thread on
+/// deadline duty (`src/watch.rs`) never sleeps past the core's next deadline.
 #[test]
 fn a_grace_expiry_reaches_a_waiter_with_nobody_else_calling() {
     model(

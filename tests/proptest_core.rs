@@ -100,6 +100,8 @@ enum Op {
     Cancel {
         s: usize,
     },
+    /// Ends a live attempt early: `abandon` for an even `a`, a plain drop
+    /// (which abandons at the attempt's last step) for an odd one.
     Abandon {
         a: usize,
     },
@@ -197,6 +199,8 @@ enum Phase {
 #[derive(Debug, Clone)]
 struct MAttempt {
     session: usize,
+    /// The serial of the session record it began on (see `MSession::serial`).
+    record: u64,
     prompt_len: usize,
     phase: Phase,
     fate: Fate,
@@ -229,6 +233,9 @@ struct MCounters {
 
 #[derive(Debug, Clone)]
 struct MSession {
+    /// Which record of its session this is: a session forgotten and tracked
+    /// again gets a new one, and an attempt's figures belong to its own.
+    serial: u64,
     res: Res,
     finished: bool,
     pending: Option<usize>,
@@ -263,6 +270,8 @@ enum Expect {
 
 #[derive(Debug, Default)]
 struct Model {
+    /// Session records made so far (the source of `MSession::serial`).
+    records_made: u64,
     poll: u64,
     grace: u64,
     retention: u64,
@@ -391,6 +400,7 @@ impl Model {
         let a = self.attempts.len();
         self.attempts.push(MAttempt {
             session: s,
+            record: 0,
             prompt_len,
             phase: Phase::AwaitUsage,
             fate: Fate::Active,
@@ -405,7 +415,10 @@ impl Model {
             holding_event: false,
             must_be_notified: false,
         });
+        self.records_made += 1;
+        let serial = self.records_made;
         let rec = self.sessions.entry(s).or_insert_with(|| MSession {
+            serial,
             res: Res::None,
             finished: false,
             pending: None,
@@ -415,6 +428,7 @@ impl Model {
             last_prompt_len: 0,
             c: MCounters::default(),
         });
+        self.attempts[a].record = rec.serial;
         let superseded = rec.pending.replace(a);
         rec.finished = false;
         rec.last_activity = now;
@@ -643,29 +657,36 @@ impl Model {
             }
         }
         let att = self.attempts[a].clone();
-        if let Some(rec) = self.sessions.get_mut(&att.session) {
+        // Gate-wide: always, as callers were told. Per session: only on the
+        // attempt's own record, if it is still tracked.
+        match err {
+            AcquireError::Preempted => {}
+            AcquireError::TimedOut => self.stats.timed_out += 1,
+            AcquireError::Cancelled => self.stats.cancelled += 1,
+            AcquireError::Closed => self.stats.closed += 1,
+        }
+        let wait_ns = att.waited.then(|| now - att.started);
+        if let Some(wait_ns) = wait_ns {
+            self.stats.waits += 1;
+            self.stats.wait_time += Duration::from_nanos(wait_ns);
+        }
+        let own = self
+            .sessions
+            .get_mut(&att.session)
+            .filter(|rec| rec.serial == att.record);
+        if let Some(rec) = own {
             if rec.pending == Some(a) {
                 rec.pending = None;
                 self.stats.pending_attempts -= 1;
             }
             match err {
-                AcquireError::Preempted => {}
-                AcquireError::TimedOut => {
-                    rec.c.timed_out += 1;
-                    self.stats.timed_out += 1;
-                }
-                AcquireError::Cancelled => {
-                    rec.c.cancelled += 1;
-                    self.stats.cancelled += 1;
-                }
-                AcquireError::Closed => self.stats.closed += 1,
+                AcquireError::TimedOut => rec.c.timed_out += 1,
+                AcquireError::Cancelled => rec.c.cancelled += 1,
+                AcquireError::Preempted | AcquireError::Closed => {}
             }
-            if att.waited {
-                let wait_ns = now - att.started;
+            if let Some(wait_ns) = wait_ns {
                 rec.c.waits += 1;
                 rec.c.wait_ns += wait_ns;
-                self.stats.waits += 1;
-                self.stats.wait_time += Duration::from_nanos(wait_ns);
             }
             rec.last_activity = now;
             self.settle(att.session);
@@ -812,16 +833,18 @@ impl Notify for Counting {
 struct Live {
     /// Index of the attempt in the model.
     m: usize,
-    attempt: Attempt,
+    attempt: Attempt<Arc<Core>>,
     wakes: Arc<AtomicUsize>,
     /// Notifications counted when the attempt last returned from a call.
     wakes_seen: usize,
     /// `until_ns` of its last `Sleep`.
     until: u64,
+    /// When it was last given a step: the time a drop abandons it at.
+    last_step: u64,
 }
 
 struct Harness {
-    core: Core,
+    core: Arc<Core>,
     model: Model,
     live: Vec<Live>,
     leases: Vec<(LeaseToken, MLease)>,
@@ -832,7 +855,7 @@ impl Harness {
     fn new(config: Config) -> Self {
         Self {
             model: Model::new(&config),
-            core: Core::new(config).expect("valid config"),
+            core: Arc::new(Core::new(config).expect("valid config")),
             live: Vec::new(),
             leases: Vec::new(),
             lease_ids: BTreeSet::new(),
@@ -860,7 +883,9 @@ impl Harness {
                 if let Some(d) = att.deadline {
                     prop_assert!(until_ns <= d, "sleeps past its deadline: {until_ns} > {d}");
                 }
-                self.live[i].until = until_ns;
+                // The driver folds the core's next deadline into the sleep.
+                let next = self.core.next_deadline();
+                self.live[i].until = next.map_or(until_ns, |d| d.min(until_ns));
             }
             (
                 Step::Admitted(token),
@@ -899,7 +924,8 @@ impl Harness {
 
     fn wake(&mut self, i: usize) -> Result<(), TestCaseError> {
         let now = self.now();
-        let step = self.live[i].attempt.on_wake(&self.core, now);
+        self.live[i].last_step = now;
+        let step = self.live[i].attempt.on_wake(now).unwrap();
         let expect = self.model.on_wake(self.live[i].m);
         self.settle_step(i, step, expect)
     }
@@ -911,7 +937,8 @@ impl Harness {
                 let prompt_len = 10 + self.model.attempts.len();
                 let wakes = Arc::new(AtomicUsize::new(0));
                 let deadline = timeout_s.map(|t| now + t * SEC);
-                let begun = self.core.begin(
+                let begun = Attempt::begin(
+                    self.core.clone(),
                     SESSIONS[s],
                     prompt_len,
                     now,
@@ -920,13 +947,14 @@ impl Harness {
                 );
                 match (begun, self.model.begin(s, timeout_s, prompt_len)) {
                     (Ok(mut attempt), Some(m)) => {
-                        let step = attempt.start(&self.core, now);
+                        let step = attempt.start(now).unwrap();
                         self.live.push(Live {
                             m,
                             attempt,
                             wakes,
                             wakes_seen: 0,
                             until: u64::MAX,
+                            last_step: now,
                         });
                         let expect = self.model.new_pass(m);
                         self.settle_step(self.live.len() - 1, step, expect)?;
@@ -946,16 +974,15 @@ impl Harness {
                 }
                 let i = a % self.live.len();
                 let m = self.live[i].m;
+                self.live[i].last_step = now;
                 match self.model.attempts[m].phase {
                     Phase::AwaitUsage => {
-                        let step = self.live[i].attempt.on_usage(&self.core, usage.raw(), now);
+                        let step = self.live[i].attempt.on_usage(usage.raw(), now).unwrap();
                         let expect = self.model.on_usage(m, usage);
                         self.settle_step(i, step, expect)?;
                     }
                     Phase::AwaitPrefix => {
-                        let step = self.live[i]
-                            .attempt
-                            .on_prefix(&self.core, prefix.raw(), now);
+                        let step = self.live[i].attempt.on_prefix(prefix.raw(), now).unwrap();
                         let expect = self.model.on_prefix(m, prefix);
                         self.settle_step(i, step, expect)?;
                     }
@@ -999,9 +1026,18 @@ impl Harness {
             Op::Abandon { a } => {
                 if !self.live.is_empty() {
                     let i = a % self.live.len();
-                    self.live[i].attempt.abandon(&self.core, now);
-                    self.model.abandon(self.live[i].m);
-                    self.live.remove(i);
+                    let live = self.live.remove(i);
+                    if a % 2 == 0 {
+                        let mut attempt = live.attempt;
+                        attempt.abandon(now);
+                        self.model.abandon(live.m);
+                    } else {
+                        // Dropped mid-step: abandoned at the last time it was given.
+                        drop(live.attempt);
+                        let now = std::mem::replace(&mut self.model.now, live.last_step);
+                        self.model.abandon(live.m);
+                        self.model.now = now;
+                    }
                 }
             }
             Op::Purge => {
@@ -1066,9 +1102,10 @@ impl Harness {
                 );
             }
         }
-        // 4: no missed expiry: while anyone sleeps and a window is pending,
-        // some sleeper wakes no later than the earliest window's end (the
-        // watcher) or has a notification to act on.
+        // 4: no missed expiry: the core's next deadline is no later than
+        // the earliest window's end, and while anyone sleeps and a window is
+        // pending, some sleeper wakes no later than it (its driver folded
+        // the deadline in) or has a notification to act on (a nudge).
         let earliest = model
             .sessions
             .values()
@@ -1077,6 +1114,13 @@ impl Harness {
                 _ => None,
             })
             .min();
+        if let Some(end) = earliest {
+            let next = self.core.next_deadline();
+            prop_assert!(
+                next.is_some_and(|d| d <= end),
+                "next_deadline {next:?} is later than the expiry at {end}"
+            );
+        }
         if let (Some(end), false) = (earliest, model.queue.is_empty()) {
             let watched = self.live.iter().any(|l| {
                 model.attempts[l.m].phase == Phase::Asleep
@@ -1112,7 +1156,7 @@ fn run(config: Config, ops: &[Op]) -> Result<(), TestCaseError> {
         h.check()?;
     }
     while let Some(mut l) = h.live.pop() {
-        l.attempt.abandon(&h.core, h.now());
+        l.attempt.abandon(h.now());
         h.model.abandon(l.m);
         h.check()?;
     }

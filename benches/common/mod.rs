@@ -195,10 +195,10 @@ pub fn core_cycle(core: &kvgate::core::Core, session: &[u8], now: u64) {
     let mut attempt = core
         .begin(session, PROMPT.len(), now, None, Box::new(NoWake))
         .expect("not closed");
-    let Step::ProbeUsage = attempt.start(core, now) else {
+    let Step::ProbeUsage = attempt.start(now).unwrap() else {
         unreachable!("a pass starts with the usage probe")
     };
-    let Step::Admitted(lease) = attempt.on_usage(core, Some(LOW_USAGE), now) else {
+    let Step::Admitted(lease) = attempt.on_usage(Some(LOW_USAGE), now).unwrap() else {
         unreachable!("below the watermark: open")
     };
     core.release(lease, now);

@@ -12,14 +12,23 @@
 //! admitted or asleep. The driver feeds each probe answer back with the time
 //! it arrived, and after a `Sleep` calls [`Attempt::on_wake`] when its
 //! notifier fires or `until` passes, whichever comes first.
+//!
+//! Nothing a driver does can leak: an [`Attempt`] holds its core (`&Core`
+//! for a driver on one stack, `Arc<Core>` for one that keeps attempts in a
+//! table, as an event loop does), and dropping it before it ended abandons
+//! it (counted as cancelled, its pending slot and any wake-up it was handed
+//! passed on). A step called out of order, or after the end, is refused
+//! with a [`StepError`] and changes nothing.
 
 use std::fmt;
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
 use std::time::Duration;
 
 use super::decision::{decide, Decision, Facts, Reason};
-use super::sessions::{bump, Reservation, SessionKey, ShardMap};
+use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
-use super::waiters::{Enqueued, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
+use super::waiters::{Enqueued, Notify, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
 use super::Core;
 use crate::error::AcquireError;
 use crate::probe::ProbeAnswer;
@@ -34,7 +43,9 @@ pub enum Step {
     /// Call the prefix probe, then [`Attempt::on_prefix`].
     ProbePrefix,
     /// Sleep until the attempt's notifier fires or the clock reaches
-    /// `until_ns`, then call [`Attempt::on_wake`].
+    /// `until_ns` (the attempt's poll or timeout), then call
+    /// [`Attempt::on_wake`]. A driver also wakes by [`Core::next_deadline`]
+    /// if no other sleeper of its does (one is enough).
     Sleep {
         /// Absolute deadline on the driver's clock.
         until_ns: u64,
@@ -44,6 +55,37 @@ pub enum Step {
     /// Ended without a lease.
     Failed(AcquireError),
 }
+
+/// A step the attempt did not ask for: refused, and the attempt is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StepError {
+    /// `called` is not the step the attempt is waiting for (`expected`).
+    OutOfOrder {
+        /// The method that was called.
+        called: &'static str,
+        /// The method the attempt's last [`Step`] asked for.
+        expected: &'static str,
+    },
+    /// The attempt has ended (admitted or failed): it takes no more steps.
+    Ended {
+        /// The method that was called.
+        called: &'static str,
+    },
+}
+
+impl fmt::Display for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StepError::OutOfOrder { called, expected } => {
+                write!(f, "{called} called while the attempt waits for {expected}")
+            }
+            StepError::Ended { called } => write!(f, "{called} called on an ended attempt"),
+        }
+    }
+}
+
+impl std::error::Error for StepError {}
 
 /// What an admission looked like.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,6 +138,14 @@ impl LeaseToken {
         &self.key.bytes
     }
 
+    pub(crate) fn new(key: SessionKey, admission: Admission, window: Option<u64>) -> Self {
+        Self {
+            key,
+            admission,
+            window,
+        }
+    }
+
     pub(crate) fn into_parts(self) -> (SessionKey, Admission, Option<u64>) {
         (self.key, self.admission, self.window)
     }
@@ -110,18 +160,153 @@ enum Phase {
     Done,
 }
 
+impl Phase {
+    /// The call this phase waits for.
+    fn awaits(self) -> &'static str {
+        match self {
+            Phase::New => "start",
+            Phase::AwaitUsage => "on_usage",
+            Phase::AwaitPrefix => "on_prefix",
+            Phase::Asleep => "on_wake",
+            Phase::Done => "nothing",
+        }
+    }
+}
+
 /// One attempt to be admitted; see the module docs for the protocol.
 ///
-/// An attempt must be driven to `Admitted` or `Failed`, or handed to
-/// [`Attempt::abandon`]; dropping it in between leaves the session's
-/// pending slot behind until a newer attempt replaces it.
+/// `C` is how the attempt holds its core: `&Core` ([`Core::begin`]) or
+/// `Arc<Core>` ([`Attempt::begin`] with a clone). Dropping an attempt that
+/// has not ended abandons it, as [`Attempt::abandon`] does at the last time
+/// it was given.
 #[derive(Debug)]
-#[must_use]
-pub struct Attempt {
+#[must_use = "an attempt does nothing until its steps are driven (dropping it abandons it)"]
+pub struct Attempt<C: Deref<Target = Core>> {
+    core: C,
+    machine: Machine,
+}
+
+impl<C: Deref<Target = Core>> Attempt<C> {
+    /// Begins an attempt for `session` at `now` on `core` (see
+    /// [`Core::begin`], which is this with `&Core`).
+    pub fn begin(
+        core: C,
+        session: &[u8],
+        prompt_len: usize,
+        now: u64,
+        deadline: Option<u64>,
+        notifier: Box<dyn Notify>,
+    ) -> Result<Self, AcquireError> {
+        let slot = Arc::new(Slot::new(notifier));
+        Self::begin_with_slot(core, session, prompt_len, now, deadline, slot)
+    }
+
+    /// [`Attempt::begin`] with a slot nobody else holds: a new one, or one
+    /// that [`Attempt::into_spare_slot`] handed back. The blocking gate
+    /// keeps one per thread, so its attempts allocate nothing.
+    pub(crate) fn begin_with_slot(
+        core: C,
+        session: &[u8],
+        prompt_len: usize,
+        now: u64,
+        deadline: Option<u64>,
+        slot: Arc<Slot>,
+    ) -> Result<Self, AcquireError> {
+        let (slot, key) = core.register_attempt(session, now, slot)?;
+        Ok(Self {
+            core,
+            machine: Machine::new(slot, key, prompt_len, now, deadline),
+        })
+    }
+
+    /// Gate-unique id of this attempt; ids of one session grow over time.
+    pub fn id(&self) -> u64 {
+        self.machine.slot.attempt_id
+    }
+
+    /// The session this attempt is for.
+    pub fn session_id(&self) -> &[u8] {
+        &self.machine.key.bytes
+    }
+
+    /// Whether the attempt has ended.
+    pub fn is_done(&self) -> bool {
+        self.machine.phase == Phase::Done
+    }
+
+    /// The core this attempt belongs to.
+    pub fn core(&self) -> &Core {
+        &self.core
+    }
+
+    /// First step: begins the first pass.
+    pub fn start(&mut self, now: u64) -> Result<Step, StepError> {
+        self.machine.expect(Phase::New, "start", now)?;
+        Ok(self.machine.new_pass(&self.core, now))
+    }
+
+    /// Feeds the usage probe's raw answer, received at `now`.
+    pub fn on_usage(&mut self, raw: Option<f64>, now: u64) -> Result<Step, StepError> {
+        self.machine.expect(Phase::AwaitUsage, "on_usage", now)?;
+        Ok(self.machine.on_usage(&self.core, raw, now))
+    }
+
+    /// Feeds the prefix probe's raw answer, received at `now`.
+    pub fn on_prefix(&mut self, raw: Option<f64>, now: u64) -> Result<Step, StepError> {
+        self.machine.expect(Phase::AwaitPrefix, "on_prefix", now)?;
+        Ok(self.machine.on_prefix(&self.core, raw, now))
+    }
+
+    /// After a `Sleep`: the notifier fired or `until` passed (or the driver
+    /// woke spuriously; that is harmless).
+    pub fn on_wake(&mut self, now: u64) -> Result<Step, StepError> {
+        self.machine.expect(Phase::Asleep, "on_wake", now)?;
+        Ok(self.machine.on_wake(&self.core, now))
+    }
+
+    /// Ends the attempt early (its driver gave up, e.g. a probe panicked).
+    /// Counted as cancelled. A no-op once the attempt is done.
+    pub fn abandon(&mut self, now: u64) {
+        if self.machine.phase != Phase::Done {
+            let _ = self.machine.fail(&self.core, AcquireError::Cancelled, now);
+        }
+    }
+
+    /// The slot of this ended attempt, if nothing else holds it any more, so
+    /// its driver can begin its next attempt with it
+    /// ([`Attempt::begin_with_slot`]) instead of allocating one.
+    pub(crate) fn into_spare_slot(self) -> Option<Arc<Slot>> {
+        debug_assert!(self.is_done(), "only an ended attempt gives its slot back");
+        // `Drop` would only abandon, which an ended attempt does not need;
+        // taking the fields out by value needs it not to run at all.
+        let this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, and each field is
+        // read out of it exactly once, so each is dropped exactly once.
+        let (core, machine) =
+            unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.machine)) };
+        drop(core);
+        // No `Weak` to a slot is ever made, so a strong count of one means
+        // nobody else can reach it (and `register_attempt` asserts it again).
+        (Arc::strong_count(&machine.slot) == 1).then_some(machine.slot)
+    }
+}
+
+impl<C: Deref<Target = Core>> Drop for Attempt<C> {
+    fn drop(&mut self) {
+        let now = self.machine.last_seen;
+        self.abandon(now);
+    }
+}
+
+/// The attempt's own state and steps; [`Attempt`] pairs it with its core.
+#[derive(Debug)]
+struct Machine {
     slot: Arc<Slot>,
     key: SessionKey,
     prompt_len: usize,
     started: u64,
+    /// The latest time a step was given: what an abandon by drop uses.
+    last_seen: u64,
     deadline: Option<u64>,
     phase: Phase,
     facts: Facts,
@@ -134,8 +319,14 @@ pub struct Attempt {
     holding_event: bool,
 }
 
-impl Attempt {
-    pub(crate) fn new(
+const NO_FACTS: Facts = Facts {
+    usage: None,
+    reserved: false,
+    prefix: None,
+};
+
+impl Machine {
+    fn new(
         slot: Arc<Slot>,
         key: SessionKey,
         prompt_len: usize,
@@ -147,13 +338,10 @@ impl Attempt {
             key,
             prompt_len,
             started: now,
+            last_seen: now,
             deadline,
             phase: Phase::New,
-            facts: Facts {
-                usage: None,
-                reserved: false,
-                prefix: None,
-            },
+            facts: NO_FACTS,
             pass_epoch: 0,
             poll_deadline: None,
             waited: false,
@@ -161,101 +349,68 @@ impl Attempt {
         }
     }
 
-    /// Gate-unique id of this attempt; ids of one session grow over time.
-    pub fn id(&self) -> u64 {
-        self.slot.attempt_id
+    /// Refuses a call the attempt is not waiting for, changing nothing.
+    fn expect(&mut self, phase: Phase, called: &'static str, now: u64) -> Result<(), StepError> {
+        if self.phase == phase {
+            self.last_seen = self.last_seen.max(now);
+            return Ok(());
+        }
+        Err(match self.phase {
+            Phase::Done => StepError::Ended { called },
+            other => StepError::OutOfOrder {
+                called,
+                expected: other.awaits(),
+            },
+        })
     }
 
-    /// The session this attempt is for.
-    pub fn session_id(&self) -> &[u8] {
-        &self.key.bytes
-    }
-
-    /// Whether the attempt has ended.
-    pub fn is_done(&self) -> bool {
-        self.phase == Phase::Done
-    }
-
-    /// First step: begins the first pass.
-    pub fn start(&mut self, core: &Core, now: u64) -> Step {
-        assert_eq!(self.phase, Phase::New, "start is the first call");
-        self.new_pass(core, now)
-    }
-
-    /// Feeds the usage probe's raw answer, received at `now`.
-    pub fn on_usage(&mut self, core: &Core, raw: Option<f64>, now: u64) -> Step {
-        assert_eq!(self.phase, Phase::AwaitUsage, "on_usage answers ProbeUsage");
+    fn on_usage(&mut self, core: &Core, raw: Option<f64>, now: u64) -> Step {
         let answer = ProbeAnswer::from_raw(raw);
         self.facts.usage = Some(answer);
         self.decide(core, now, Probed::Usage(answer))
     }
 
-    /// Feeds the prefix probe's raw answer, received at `now`.
-    pub fn on_prefix(&mut self, core: &Core, raw: Option<f64>, now: u64) -> Step {
-        assert_eq!(
-            self.phase,
-            Phase::AwaitPrefix,
-            "on_prefix answers ProbePrefix"
-        );
+    fn on_prefix(&mut self, core: &Core, raw: Option<f64>, now: u64) -> Step {
         let answer = ProbeAnswer::from_raw(raw);
         self.facts.prefix = Some(answer);
         self.decide(core, now, Probed::Prefix(answer))
     }
 
-    /// After a `Sleep`: the notifier fired or `until` passed (or the driver
-    /// woke spuriously; that is harmless).
-    pub fn on_wake(&mut self, core: &Core, now: u64) -> Step {
-        assert_eq!(self.phase, Phase::Asleep, "on_wake follows Sleep");
+    /// Takes a capacity event handed to this attempt, if any.
+    fn take_event(&mut self) {
         if self.slot.wake.swap(0, Ordering::SeqCst) & WAKE_EVENT != 0 {
             self.holding_event = true;
         }
+    }
+
+    fn on_wake(&mut self, core: &Core, now: u64) -> Step {
+        self.take_event();
         if let Some(err) = self.fate(core) {
             return self.fail(core, err, now);
         }
         let poll_due = self.poll_deadline.is_some_and(|p| now >= p);
         if self.holding_event || poll_due {
-            core.waiters.dequeue(&self.slot, &core.grace_timers);
+            core.waiters.dequeue(&self.slot);
             return self.new_pass(core, now);
         }
         if self.deadline.is_some_and(|d| now >= d) {
             return self.fail(core, AcquireError::TimedOut, now);
         }
-        // Woken for the watch deadline, a rewatch or a tick: fire what is due
-        // (which may hand an event to this very attempt), else sleep on.
+        // Woken for a deadline the driver folded in (`Core::next_deadline`),
+        // a tick or a nudge: fire what is due (which may hand an event to
+        // this very attempt), else sleep on in place.
         core.purge(now);
-        match core.waiters.stay_asleep(&self.slot, &core.grace_timers) {
-            Some(watch_until) => Step::Sleep {
-                until_ns: self.sleep_until(watch_until),
-            },
-            None => {
-                // Taken out of the queue meanwhile: by an event or a fate.
-                if self.slot.wake.swap(0, Ordering::SeqCst) & WAKE_EVENT != 0 {
-                    self.holding_event = true;
-                }
-                if let Some(err) = self.fate(core) {
-                    return self.fail(core, err, now);
-                }
-                self.new_pass(core, now)
-            }
+        if core.waiters.still_queued(&self.slot) {
+            return Step::Sleep {
+                until_ns: self.sleep_until(),
+            };
         }
-    }
-
-    /// The slot of this ended attempt, if nothing else holds it any more, so
-    /// its driver can begin its next attempt with it
-    /// ([`Core::begin_with_slot`]) instead of allocating one.
-    pub(crate) fn into_spare_slot(self) -> Option<Arc<Slot>> {
-        debug_assert!(self.is_done(), "only an ended attempt gives its slot back");
-        // No `Weak` to a slot is ever made, so a strong count of one means
-        // nobody else can reach it (and `begin_with_slot` asserts it again).
-        (Arc::strong_count(&self.slot) == 1).then_some(self.slot)
-    }
-
-    /// Ends the attempt early (its driver gave up, e.g. a probe panicked).
-    /// Counted as cancelled. A no-op once the attempt is done.
-    pub fn abandon(&mut self, core: &Core, now: u64) {
-        if self.phase != Phase::Done {
-            let _ = self.fail(core, AcquireError::Cancelled, now);
+        // Taken out of the queue meanwhile: by an event or a fate.
+        self.take_event();
+        if let Some(err) = self.fate(core) {
+            return self.fail(core, err, now);
         }
+        self.new_pass(core, now)
     }
 
     fn new_pass(&mut self, core: &Core, now: u64) -> Step {
@@ -263,123 +418,77 @@ impl Attempt {
             return self.fail(core, err, now);
         }
         core.purge(now);
-        self.facts = Facts {
-            usage: None,
-            reserved: false,
-            prefix: None,
-        };
+        self.facts = NO_FACTS;
         self.poll_deadline = None;
         self.pass_epoch = core.epoch();
         self.phase = Phase::AwaitUsage;
         Step::ProbeUsage
     }
 
-    /// Runs the table under the session's lock, admitting atomically if it says so.
+    /// Runs the table under the session's lock; an admission is granted
+    /// under the same lock, so a sealed fate and an admission never meet.
     fn decide(&mut self, core: &Core, now: u64, probed: Probed) -> Step {
         let (index, shard) = core.shard_of(&self.key);
-        let decision = 'locked: {
-            let mut guard = shard.lock();
-            // Counted under the lock, like every other counter of the shard.
-            shard.counters.count_probe(probed);
-            // Checked under the lock that admission takes: a newer attempt or a
-            // cancel sealed our fate before, or sees us admitted after.
-            if let Some(err) = self.fate(core) {
-                drop(guard);
-                return self.fail(core, err, now);
-            }
-            let ShardMap { sessions, ids } = &mut *guard;
-            let record = sessions
-                .find_mut(self.key.hash, |r| r.key == self.key)
-                .expect("a record with a pending attempt is never dropped");
-            debug_assert!(
-                record
-                    .pending
-                    .as_ref()
-                    .is_some_and(|p| Arc::ptr_eq(p, &self.slot)),
-                "an attempt whose fate is open is its session's pending one"
-            );
-            self.facts.reserved = record.reservation.held_at(now);
-            let decision = decide(core.thresholds, self.facts);
-            let Decision::Admit(reason) = decision else {
-                break 'locked decision;
-            };
-            let bits = core.table.shard_bits();
-            let window = reason.retains_session().then(|| {
-                if let Reservation::Grace { until, .. } = record.reservation {
-                    if until <= now {
-                        // Over before this decision but not purged yet (the
-                        // pass purged when it began): it ended by expiry, so
-                        // count it as `purge` would, before a new one replaces it.
-                        shard.counters.grace_expired.add_locked(1);
-                        record.window_ended = until;
-                    }
-                }
-                let next = match record.reservation {
-                    Reservation::InFlight { holders, id } => Reservation::InFlight {
-                        holders: holders + 1,
-                        id,
-                    },
-                    // Renewing a live window keeps its identity.
-                    Reservation::Grace { until, id } if now < until => {
-                        Reservation::InFlight { holders: 1, id }
-                    }
-                    Reservation::Grace { .. } | Reservation::None => Reservation::InFlight {
-                        holders: 1,
-                        id: ids.mint(index, bits),
-                    },
-                };
-                core.set_reservation(record, next, &shard.counters);
-                match next {
-                    Reservation::InFlight { id, .. } => id,
-                    _ => unreachable!("retaining admissions are in flight"),
-                }
-            });
-            let lease_id = ids.mint(index, bits);
-            record.pending = None;
-            record.active_leases += 1;
-            record.last_admitted_prompt_len = u32::try_from(self.prompt_len).unwrap_or(u32::MAX);
-            record.last_activity = now;
-            bump(&mut record.counters.admissions);
-            let wait_ns = now.saturating_sub(self.started);
-            if self.waited {
-                bump(&mut record.counters.waits);
-                record.counters.wait_ns += wait_ns;
-                shard.counters.waits.add_locked(1);
-                shard.counters.wait_ns.add_locked(wait_ns);
-            }
-            shard.counters.admissions[reason.index()].add_locked(1);
-            shard.counters.active_leases.add_locked(1);
-            shard.counters.pending_attempts.sub_locked(1);
+        let mut guard = shard.lock();
+        // Counted under the lock, like every other counter of the shard.
+        shard.counters.count_probe(probed);
+        // Checked under the lock that admission takes: a newer attempt or a
+        // cancel sealed our fate before, or sees us admitted after.
+        if let Some(err) = self.fate(core) {
             drop(guard);
-            self.phase = Phase::Done;
-            let token = LeaseToken {
-                key: self.key.clone(),
-                admission: Admission {
-                    lease_id,
+            return self.fail(core, err, now);
+        }
+        let ShardMap { sessions, ids } = &mut *guard;
+        let record = ShardMap::own_record(sessions, &self.key)
+            .expect("a record with a pending attempt is never dropped");
+        debug_assert!(
+            record
+                .pending
+                .as_ref()
+                .is_some_and(|p| Arc::ptr_eq(p, &self.slot)),
+            "an attempt whose fate is open is its session's pending one"
+        );
+        self.facts.reserved = record.reservation.held_at(now);
+        match decide(core.thresholds, self.facts) {
+            Decision::Admit(reason) => {
+                let wait_ns = now.saturating_sub(self.started);
+                let grant = Grant {
                     reason,
-                    wait: Duration::from_nanos(wait_ns),
-                    waited: self.waited,
-                    usage: self.facts.usage.and_then(ProbeAnswer::value),
-                    hit_ratio: self.facts.prefix.and_then(ProbeAnswer::value),
-                    retain_session: window.is_some(),
-                },
-                window,
-            };
-            if self.holding_event {
-                // Admitted on an event: capacity may remain, let the next one look.
-                core.pass_on_event();
+                    prompt_len: self.prompt_len,
+                    waited: self.waited.then_some(wait_ns),
+                };
+                let (lease_id, window) =
+                    core.grant(record, ids, index, &shard.counters, grant, now);
+                drop(guard);
+                self.phase = Phase::Done;
+                if self.holding_event {
+                    // Admitted on an event: capacity may remain, let the next one look.
+                    core.pass_on_event();
+                }
+                Step::Admitted(LeaseToken::new(
+                    self.key.clone(),
+                    Admission {
+                        lease_id,
+                        reason,
+                        wait: Duration::from_nanos(wait_ns),
+                        waited: self.waited,
+                        usage: self.facts.usage.and_then(ProbeAnswer::value),
+                        hit_ratio: self.facts.prefix.and_then(ProbeAnswer::value),
+                        retain_session: window.is_some(),
+                    },
+                    window,
+                ))
             }
-            return Step::Admitted(token);
-        };
-        match decision {
             Decision::AskPrefix => {
+                drop(guard);
                 self.phase = Phase::AwaitPrefix;
                 Step::ProbePrefix
             }
-            Decision::Wait => self.sleep(core, now),
-            Decision::AskUsage | Decision::Admit(_) => {
-                unreachable!("usage is known and admissions returned above")
+            Decision::Wait => {
+                drop(guard);
+                self.sleep(core, now)
             }
+            Decision::AskUsage => unreachable!("every pass is decided after its usage answer"),
         }
     }
 
@@ -390,31 +499,27 @@ impl Attempt {
             return self.fail(core, AcquireError::TimedOut, now);
         }
         let epoch = self.pass_epoch;
-        let enqueued = core.waiters.enqueue(&self.slot, &core.grace_timers, || {
+        let enqueued = core.waiters.enqueue(&self.slot, || {
             core.epoch() != epoch || core.is_closed() || self.slot.fate() != ACTIVE
         });
         match enqueued {
             Enqueued::LookAgain => self.new_pass(core, now),
-            Enqueued::Asleep { watch_until } => {
+            Enqueued::Asleep => {
                 self.waited = true;
                 self.phase = Phase::Asleep;
                 self.poll_deadline = Some(now.saturating_add(core.poll_ns));
                 Step::Sleep {
-                    until_ns: self.sleep_until(watch_until),
+                    until_ns: self.sleep_until(),
                 }
             }
         }
     }
 
-    fn sleep_until(&self, watch_until: Option<u64>) -> u64 {
-        let mut until = self.poll_deadline.expect("set when the pass first slept");
-        if let Some(d) = self.deadline {
-            until = until.min(d);
-        }
-        if let Some(w) = watch_until {
-            until = until.min(w);
-        }
-        until
+    /// The attempt's own deadlines: its poll and its timeout. The core's
+    /// (`Core::next_deadline`) are the driver's to fold in.
+    fn sleep_until(&self) -> u64 {
+        let until = self.poll_deadline.expect("set when the pass first slept");
+        self.deadline.map_or(until, |d| until.min(d))
     }
 
     /// Closed, preempted or cancelled, checked in that order.
@@ -432,66 +537,35 @@ impl Attempt {
     fn fail(&mut self, core: &Core, mut err: AcquireError, now: u64) -> Step {
         debug_assert_ne!(self.phase, Phase::Done);
         self.phase = Phase::Done;
-        core.waiters.dequeue(&self.slot, &core.grace_timers);
+        core.waiters.dequeue(&self.slot);
         // An event handed to this attempt that it never took with `on_wake`
         // (its driver abandoned it while it slept) is passed on below like a
         // held one, or the next sleeper would sleep until its poll.
-        if self.slot.wake.swap(0, Ordering::SeqCst) & WAKE_EVENT != 0 {
-            self.holding_event = true;
+        self.take_event();
+        // Each attempt ends exactly one way: an attempt ending by itself
+        // seals its fate, and if a newer attempt or a cancel sealed it
+        // first, that is the outcome reported (and counted) instead.
+        if !matches!(err, AcquireError::Preempted) && !self.slot.set_fate(ENDED) {
+            err = match self.slot.fate() {
+                PREEMPTED => AcquireError::Preempted,
+                CANCELLED => AcquireError::Cancelled,
+                other => unreachable!("fate {other} is sealed once, by begin or cancel"),
+            };
         }
-        let (_, shard) = core.shard_of(&self.key);
-        {
-            let mut map = shard.lock();
-            // Each attempt ends exactly one way: an attempt ending by itself
-            // seals its fate, and if a newer attempt or a cancel sealed it
-            // first, that is the outcome reported (and counted) instead.
-            if !matches!(err, AcquireError::Preempted) && !self.slot.set_fate(ENDED) {
-                err = match self.slot.fate() {
-                    PREEMPTED => AcquireError::Preempted,
-                    CANCELLED => AcquireError::Cancelled,
-                    other => unreachable!("fate {other} is sealed once, by begin or cancel"),
-                };
-            }
-            if let Some(record) = map.get_mut(&self.key) {
-                let mine = record
-                    .pending
-                    .as_ref()
-                    .is_some_and(|p| Arc::ptr_eq(p, &self.slot));
-                if mine {
-                    // A preempted attempt's slot was already replaced (and the
-                    // gauge handed over) by its successor.
-                    record.pending = None;
-                    shard.counters.pending_attempts.sub_locked(1);
-                }
-                match err {
-                    // Counted when sealed, by `begin`.
-                    AcquireError::Preempted => {}
-                    AcquireError::TimedOut => {
-                        bump(&mut record.counters.timed_out);
-                        shard.counters.timed_out.add_locked(1);
-                    }
-                    AcquireError::Cancelled => {
-                        bump(&mut record.counters.cancelled);
-                        shard.counters.cancelled.add_locked(1);
-                    }
-                    AcquireError::Closed => shard.counters.closed.add(1),
-                }
-                if self.waited {
-                    let wait_ns = now.saturating_sub(self.started);
-                    bump(&mut record.counters.waits);
-                    record.counters.wait_ns += wait_ns;
-                    shard.counters.waits.add_locked(1);
-                    shard.counters.wait_ns.add_locked(wait_ns);
-                }
-                record.last_activity = now;
-                if core.settle(record, now, &shard.counters) {
-                    map.remove(&self.key);
-                }
-            }
-        }
+        let waited = self.waited.then(|| now.saturating_sub(self.started));
+        core.end_attempt(&self.key, &self.slot, err, waited, now);
         if std::mem::take(&mut self.holding_event) {
             core.pass_on_event();
         }
         Step::Failed(err)
     }
+}
+
+/// What an admission records (see `Core::grant`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    pub(crate) reason: Reason,
+    pub(crate) prompt_len: usize,
+    /// The attempt's time from start to admission, if it slept.
+    pub(crate) waited: Option<u64>,
 }

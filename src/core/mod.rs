@@ -35,7 +35,7 @@ pub mod working_set;
 use std::fmt;
 use std::time::Duration;
 
-pub use attempt::{Admission, Attempt, LeaseToken, Step};
+pub use attempt::{Admission, Attempt, LeaseToken, Step, StepError};
 pub use decision::Reason;
 pub use stats::{GateStats, ReservationState, SessionStats};
 pub use waiters::Notify;
@@ -44,7 +44,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::AcquireError;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use decision::Thresholds;
-use sessions::{bump, Reservation, SessionKey, SessionRecord, SessionTable};
+use sessions::{bump, Expiry, Reservation, SessionKey, SessionRecord, SessionTable};
 use stats::ShardCounters;
 use timers::{TimerQueue, NEVER};
 pub(crate) use waiters::Slot;
@@ -54,20 +54,14 @@ use waiters::{Waiters, CANCELLED, PREEMPTED};
 /// adds to whoever happens to look; the rest is left to the next caller.
 const PURGE_BATCH: usize = 64;
 
-#[cfg(not(loom))]
-fn default_shard_bits() -> u32 {
-    // Enough shards that threads rarely meet on one lock; a few KiB each.
-    let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
-    (cpus * 8)
-        .next_power_of_two()
-        .clamp(16, 256)
-        .trailing_zeros()
-}
+/// Most shards a table may have: ids keep the shard index in their low bits.
+const MAX_SHARDS: usize = 1 << 16;
 
-#[cfg(loom)]
-fn default_shard_bits() -> u32 {
-    // Models stay small: two shards still exercise cross-shard paths.
-    1
+/// The session table's shard count when the caller does not choose one:
+/// eight per CPU, 16 to 256 (a few KiB each), so threads rarely meet on one
+/// lock; 2 under loom.
+pub fn default_shard_count() -> usize {
+    1 << crate::sync::default_shard_bits(8, 16, 256)
 }
 
 /// The gate's shared state, driven through [`Attempt`]s.
@@ -98,9 +92,23 @@ impl fmt::Debug for Core {
 }
 
 impl Core {
-    /// A core with validated `config`.
+    /// A core with validated `config` and [`default_shard_count`] shards.
     pub fn new(config: Config) -> Result<Self, ConfigError> {
+        Self::with_shards(config, default_shard_count())
+    }
+
+    /// A core with validated `config` whose session table has `shards`
+    /// lock shards: a power of two from 1 to 65,536 (more shards, fewer
+    /// threads meeting on one lock, a few hundred bytes each).
+    pub fn with_shards(config: Config, shards: usize) -> Result<Self, ConfigError> {
         config.validate()?;
+        if !shards.is_power_of_two() || shards > MAX_SHARDS {
+            return Err(ConfigError {
+                field: "shards",
+                value: shards.to_string(),
+                expected: "a power of two from 1 to 65536",
+            });
+        }
         Ok(Self {
             thresholds: Thresholds {
                 high_watermark: config.high_watermark,
@@ -110,7 +118,7 @@ impl Core {
             grace_ns: config.idle_grace_ns(),
             retention_ns: config.session_retention_ns(),
             config,
-            table: SessionTable::new(default_shard_bits()),
+            table: SessionTable::new(shards.trailing_zeros()),
             waiters: Waiters::new(),
             grace_timers: TimerQueue::new(),
             retire_timers: TimerQueue::new(),
@@ -124,7 +132,8 @@ impl Core {
         &self.config
     }
 
-    /// Begins an attempt for `session` at `now`.
+    /// Begins an attempt for `session` at `now`, driven through `&self`
+    /// ([`Attempt::begin`] takes an `Arc<Core>` or any other handle).
     ///
     /// Any older attempt of the same session that is still competing for
     /// admission is preempted here: its fate is sealed under the session's
@@ -138,22 +147,19 @@ impl Core {
         now: u64,
         deadline: Option<u64>,
         notifier: Box<dyn Notify>,
-    ) -> Result<Attempt, AcquireError> {
-        let slot = Arc::new(Slot::new(notifier));
-        self.begin_with_slot(session, prompt_len, now, deadline, slot)
+    ) -> Result<Attempt<&Self>, AcquireError> {
+        Attempt::begin(self, session, prompt_len, now, deadline, notifier)
     }
 
-    /// [`Core::begin`] with a slot nobody else holds: a new one, or one that
-    /// [`Attempt::into_spare_slot`] handed back. The blocking gate keeps one
-    /// per thread, so its attempts allocate nothing.
-    pub(crate) fn begin_with_slot(
+    /// Makes `slot` (which nobody else holds) the pending attempt of
+    /// `session`, preempting an older one; returns the slot, named, and the
+    /// session's key.
+    pub(crate) fn register_attempt(
         &self,
         session: &[u8],
-        prompt_len: usize,
         now: u64,
-        deadline: Option<u64>,
         mut slot: Arc<Slot>,
-    ) -> Result<Attempt, AcquireError> {
+    ) -> Result<(Arc<Slot>, SessionKey), AcquireError> {
         let hash = self.table.hash(session);
         let index = self.table.shard_index(hash);
         let shard = self.table.shard(index);
@@ -166,7 +172,7 @@ impl Core {
             let mut map = shard.lock();
             let id = map.ids.mint(index, self.table.shard_bits());
             Arc::get_mut(&mut slot)
-                .expect("begin takes a slot nobody else holds")
+                .expect("an attempt begins with a slot nobody else holds")
                 .ready(id);
             let record = map.get_or_insert(session, hash, now, &shard.counters);
             let superseded = record.pending.replace(slot.clone());
@@ -186,9 +192,104 @@ impl Core {
             (record.key.clone(), superseded)
         };
         if let Some(old) = superseded {
-            self.waiters.wake_slot(&old, &self.grace_timers);
+            self.waiters.wake_slot(&old);
         }
-        Ok(Attempt::new(slot, key, prompt_len, now, deadline))
+        Ok((slot, key))
+    }
+
+    /// Grants the lease of an admission decided for `record`'s pending
+    /// attempt, under its shard's lock: the reservation row of the state
+    /// table, the record's and the shard's accounting. Returns the lease id
+    /// and the window the lease holds, if it retains the session.
+    fn grant(
+        &self,
+        record: &mut SessionRecord,
+        ids: &mut sessions::IdMint,
+        index: usize,
+        c: &ShardCounters,
+        grant: attempt::Grant,
+        now: u64,
+    ) -> (u64, Option<u64>) {
+        let bits = self.table.shard_bits();
+        let window = grant.reason.retains_session().then(|| {
+            let admitted = record.reservation.admit(now, || ids.mint(index, bits));
+            if let Some(until) = admitted.expired {
+                // Over before this decision but not purged yet (the pass
+                // purged when it began): it ended by expiry, so count it
+                // as `purge` would, before the new window replaces it.
+                c.grace_expired.add_locked(1);
+                record.window_ended = until;
+            }
+            self.set_reservation(record, admitted.next, c);
+            admitted.window
+        });
+        record.pending = None;
+        record.active_leases += 1;
+        record.last_admitted_prompt_len = u32::try_from(grant.prompt_len).unwrap_or(u32::MAX);
+        record.last_activity = now;
+        bump(&mut record.counters.admissions);
+        if let Some(wait_ns) = grant.waited {
+            count_wait(Some(record), c, wait_ns);
+        }
+        c.admissions[grant.reason.index()].add_locked(1);
+        c.active_leases.add_locked(1);
+        c.pending_attempts.sub_locked(1);
+        (ids.mint(index, bits), window)
+    }
+
+    /// Accounts for an attempt that ended with `err` (its fate sealed by
+    /// the caller) at `now`: takes it off its record and counts the outcome.
+    fn end_attempt(
+        &self,
+        key: &SessionKey,
+        slot: &Arc<Slot>,
+        err: AcquireError,
+        waited: Option<u64>,
+        now: u64,
+    ) {
+        let (_, shard) = self.shard_of(key);
+        let mut map = shard.lock();
+        let c = &shard.counters;
+        // The gate-wide outcome is counted whatever became of the record:
+        // it must equal what callers were told. The record may be gone (the
+        // session was finished or retired while this attempt was on its
+        // way out); then the attempt's per-session figures went with it.
+        match err {
+            // Counted when sealed, by `register_attempt`.
+            AcquireError::Preempted => {}
+            AcquireError::TimedOut => c.timed_out.add_locked(1),
+            AcquireError::Cancelled => c.cancelled.add_locked(1),
+            AcquireError::Closed => c.closed.add(1),
+        }
+        let record = map.get_mut(key);
+        if let Some(wait_ns) = waited {
+            count_wait(None, c, wait_ns);
+        }
+        if let Some(record) = record {
+            let mine = record
+                .pending
+                .as_ref()
+                .is_some_and(|p| Arc::ptr_eq(p, slot));
+            if mine {
+                // A preempted attempt's slot was already replaced (and the
+                // gauge handed over) by its successor.
+                record.pending = None;
+                c.pending_attempts.sub_locked(1);
+            }
+            match err {
+                AcquireError::TimedOut => bump(&mut record.counters.timed_out),
+                AcquireError::Cancelled => bump(&mut record.counters.cancelled),
+                AcquireError::Preempted | AcquireError::Closed => {}
+            }
+            if let Some(wait_ns) = waited {
+                bump(&mut record.counters.waits);
+                record.counters.wait_ns += wait_ns;
+            }
+            record.last_activity = now;
+            if self.settle(record, now, c) {
+                map.remove(key);
+            }
+        }
     }
 
     /// Releases a lease at `now` and hands the freed capacity to one waiter.
@@ -205,23 +306,9 @@ impl Core {
                 record.last_activity = now;
                 shard.counters.active_leases.sub_locked(1);
                 shard.counters.releases.add_locked(1);
-                if let (Some(window), Reservation::InFlight { holders, id }) =
-                    (window, record.reservation)
-                {
-                    if window == id {
-                        let next = if holders > 1 {
-                            Reservation::InFlight {
-                                holders: holders - 1,
-                                id,
-                            }
-                        } else if self.grace_ns == 0 {
-                            Reservation::None
-                        } else {
-                            Reservation::Grace {
-                                until: now.saturating_add(self.grace_ns),
-                                id,
-                            }
-                        };
+                if let Some(window) = window {
+                    let next = record.reservation.release(window, now, self.grace_ns);
+                    if next != record.reservation {
                         self.set_reservation(record, next, &shard.counters);
                     }
                 }
@@ -249,7 +336,8 @@ impl Core {
         let last = {
             let mut map = shard.lock();
             let found = map.find_mut(hash, session).map(|record| {
-                self.set_reservation(record, Reservation::None, &shard.counters);
+                let next = record.reservation.finish();
+                self.set_reservation(record, next, &shard.counters);
                 record.finished = true;
                 shard.counters.sessions_finished.add_locked(1);
                 let forget = self.settle(record, now, &shard.counters);
@@ -288,7 +376,7 @@ impl Core {
         };
         match target {
             Some(slot) => {
-                self.waiters.wake_slot(&slot, &self.grace_timers);
+                self.waiters.wake_slot(&slot);
                 true
             }
             None => false,
@@ -314,8 +402,23 @@ impl Core {
         self.waiters.wake_all();
     }
 
+    /// The earliest time at which something may change an admission by
+    /// itself (a grace window's end), or `None`: the core's
+    /// `poll_timeout`. Nothing happens by itself at that time, since the
+    /// core spawns nothing: a driver folds it into its sleep (one sleeper is
+    /// enough; the blocking gate picks one) and touches the core then, by
+    /// [`Attempt::on_wake`] or [`Core::purge`]. It only moves later, except
+    /// when a window opens with none earlier; then the newest sleeper is
+    /// nudged to ask again. Retirements (memory only) are not included: any
+    /// later call fires them.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let earliest = self.grace_timers.earliest();
+        (earliest != NEVER).then_some(earliest)
+    }
+
     /// Fires every due grace expiry and retirement. Called by every entry
-    /// point; hosts need not call it, but may (e.g. before scraping stats).
+    /// point; hosts need not call it, but may (e.g. before scraping stats,
+    /// or a driver with no sleeping attempt at [`Core::next_deadline`]).
     pub fn purge(&self, now: u64) {
         if now < self.grace_timers.earliest() && now < self.retire_timers.earliest() {
             return; // the fast path: nothing due
@@ -332,8 +435,8 @@ impl Core {
                 continue;
             };
             record.grace_timer = NEVER;
-            if let Reservation::Grace { until, .. } = record.reservation {
-                if until <= now {
+            match record.reservation.expire(now) {
+                Expiry::Expired { until } => {
                     self.set_reservation(record, Reservation::None, &shard.counters);
                     record.window_ended = until;
                     shard.counters.grace_expired.add_locked(1);
@@ -342,11 +445,13 @@ impl Core {
                         let key = record.key.clone();
                         map.remove(&key);
                     }
-                } else {
+                }
+                Expiry::NotYet { until } => {
                     // The window was renewed after this entry was armed.
                     record.grace_timer = until;
-                    self.grace_timers.arm(until, hash);
+                    self.arm_grace(until, hash);
                 }
+                Expiry::NoWindow => {}
             }
         }
         self.retire_timers.pop_due(now, PURGE_BATCH, &mut due);
@@ -414,6 +519,30 @@ impl Core {
         self.epoch.load(Ordering::SeqCst)
     }
 
+    /// Arms a grace expiry; if it became the earliest deadline, sleepers
+    /// folded a later one (or none) into their sleep: one is nudged to ask
+    /// [`Core::next_deadline`] again.
+    fn arm_grace(&self, until: u64, hash: u64) {
+        if self.grace_timers.arm(until, hash) {
+            // The waker's half of the handshake with `Waiters::enqueue`: the
+            // deadline is written (armed), now read "asleep". A sleeper
+            // either reads this deadline after registering or is seen here.
+            crate::sync::dekker_fence();
+            if self.waiters.sleeping() > 0 {
+                self.waiters.nudge_newest();
+            }
+        }
+    }
+
+    /// Wakes one sleeper (the newest) with nothing to take, so that its
+    /// driver asks [`Core::next_deadline`] again (the blocking gate, when
+    /// the thread that watched the deadline stopped sleeping).
+    pub(crate) fn nudge_a_sleeper(&self) {
+        if self.waiters.sleeping() > 0 {
+            self.waiters.nudge_newest();
+        }
+    }
+
     /// Capacity may have been freed: bump the epoch, then wake one sleeper.
     fn capacity_event(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
@@ -427,7 +556,7 @@ impl Core {
     /// `capacity_event`) or one an attempt received and did not use.
     fn pass_on_event(&self) {
         if self.waiters.sleeping() > 0 {
-            self.waiters.wake_one(&self.grace_timers);
+            self.waiters.wake_one();
         }
     }
 
@@ -446,9 +575,8 @@ impl Core {
                 // One live entry per record: an earlier entry re-arms itself when it fires.
                 if record.grace_timer == NEVER || record.grace_timer > until {
                     record.grace_timer = until;
-                    self.grace_timers.arm(until, record.key.hash);
+                    self.arm_grace(until, record.key.hash);
                 }
-                self.waiters.expiry_added(until);
             }
         }
         record.reservation = next;
@@ -483,6 +611,17 @@ impl Core {
     }
 }
 
+/// Counts an attempt that slept and ended after `wait_ns`, on its record
+/// (if it has one) and its shard; the caller holds the shard lock.
+fn count_wait(record: Option<&mut SessionRecord>, c: &ShardCounters, wait_ns: u64) {
+    if let Some(record) = record {
+        bump(&mut record.counters.waits);
+        record.counters.wait_ns += wait_ns;
+    }
+    c.waits.add_locked(1);
+    c.wait_ns.add_locked(wait_ns);
+}
+
 /// A record's figures as reported at `now`.
 fn session_stats_of(r: &SessionRecord, now: u64) -> SessionStats {
     let reservation = match r.reservation {
@@ -507,5 +646,31 @@ fn session_stats_of(r: &SessionRecord, now: u64) -> SessionStats {
         reservation,
         last_admitted_prompt_len: r.last_admitted_prompt_len as usize,
         idle_for: Duration::from_nanos(now.saturating_sub(r.last_activity)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shard_count_is_a_refused_or_honoured_argument() {
+        let core = Core::with_shards(Config::default(), 4).unwrap();
+        assert_eq!(core.table.shard_bits(), 2);
+        assert_eq!(
+            Core::new(Config::default()).unwrap().table.shard_bits(),
+            default_shard_count().trailing_zeros()
+        );
+        assert_eq!(
+            Core::with_shards(Config::default(), 1)
+                .unwrap()
+                .table
+                .shard_bits(),
+            0
+        );
+        for bad in [0, 3, MAX_SHARDS * 2] {
+            let err = Core::with_shards(Config::default(), bad).unwrap_err();
+            assert_eq!(err.field, "shards", "{bad}");
+        }
     }
 }

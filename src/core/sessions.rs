@@ -13,7 +13,7 @@ use hashbrown::hash_table::{Entry, HashTable};
 use crate::core::stats::ShardCounters;
 use crate::core::timers::NEVER;
 use crate::core::waiters::Slot;
-use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, MutexGuard, TableHasher};
 
 /// A session id with its precomputed hash. Cloning shares the bytes.
 #[derive(Debug, Clone)]
@@ -23,14 +23,18 @@ pub(crate) struct SessionKey {
     pub(crate) bytes: StdArc<[u8]>,
 }
 
-/// Keys compare by hash, then by pointer, then by bytes. The keys an
-/// attempt, a lease or a timer carry are clones of their record's key, so
-/// the pointer settles nearly every lookup (std's `Arc` equality takes that
-/// shortcut only for sized contents, not for `[u8]`).
+/// Keys compare by identity: the key of a record equals only its own
+/// clones (the keys an attempt, a lease or a timer carry), never the key of
+/// another record with the same id bytes. A session can be forgotten and
+/// tracked again while an attempt of its old record is still on its way out;
+/// that attempt's figures belong to the old record, not to the new one
+/// (issue 10: a cancelled attempt was charged to the newer record). The
+/// bytes cannot be reused by another record while a clone is alive, so the
+/// pointer is a sound identity. Looking a session up *by its id* is
+/// [`ShardMap::find_mut`].
 impl PartialEq for SessionKey {
     fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash
-            && (StdArc::ptr_eq(&self.bytes, &other.bytes) || self.bytes == other.bytes)
+        self.hash == other.hash && StdArc::ptr_eq(&self.bytes, &other.bytes)
     }
 }
 
@@ -38,25 +42,53 @@ impl Eq for SessionKey {}
 
 /// A session's ownership window.
 ///
-/// State table (all transitions under the shard lock):
+/// State table (all transitions under the shard lock); each row is carried
+/// out by exactly one of the pure functions below, and nowhere else:
 ///
-/// | from       | event                                   | to                          |
-/// |------------|-----------------------------------------|-----------------------------|
-/// | `None`     | retaining admission                     | `InFlight{holders: 1}`      |
-/// | `InFlight` | retaining admission (overlapping retry) | `InFlight{holders + 1}`     |
-/// | `InFlight` | release of a retaining lease, holders>1 | `InFlight{holders - 1}`     |
-/// | `InFlight` | release of the last retaining lease     | `Grace{until: now + grace}` (`None` if grace is 0) |
-/// | `Grace`    | retaining admission                     | `InFlight{holders: 1}` (same window) |
-/// | `Grace`    | purge at or after `until`               | `None`                      |
-/// | any        | `finish_session`                        | `None`                      |
+/// | from       | event                                   | to                          | function |
+/// |------------|-----------------------------------------|-----------------------------|----------|
+/// | `None`     | retaining admission                     | `InFlight{holders: 1}` (new window) | [`Reservation::admit`] |
+/// | `InFlight` | retaining admission (overlapping retry) | `InFlight{holders + 1}`     | [`Reservation::admit`] |
+/// | `Grace`    | retaining admission before `until`      | `InFlight{holders: 1}` (same window) | [`Reservation::admit`] |
+/// | `Grace`    | retaining admission at or after `until` | `InFlight{holders: 1}` (new window; the old one counts as expired) | [`Reservation::admit`] |
+/// | `InFlight` | release of a retaining lease, holders>1 | `InFlight{holders - 1}`     | [`Reservation::release`] |
+/// | `InFlight` | release of the last retaining lease     | `Grace{until: now + grace}` (`None` if grace is 0) | [`Reservation::release`] |
+/// | any        | release of a lease of another window    | unchanged                   | [`Reservation::release`] |
+/// | `Grace`    | purge at or after `until`               | `None` (counts as expired)  | [`Reservation::expire`] |
+/// | `Grace`    | purge before `until` (window renewed)   | unchanged, look again at `until` | [`Reservation::expire`] |
+/// | any        | `finish_session`                        | `None`                      | [`Reservation::finish`] |
 ///
 /// `id` names one window; a lease remembers the window it holds, so a lease
 /// released after `finish_session` cannot bring a finished window back.
+/// The functions only compute: gauges, timers and counters are the
+/// caller's (`Core::set_reservation`), driven by what they return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reservation {
     None,
     InFlight { holders: u32, id: u64 },
     Grace { until: u64, id: u64 },
+}
+
+/// The outcome of a retaining admission ([`Reservation::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Admitted {
+    pub(crate) next: Reservation,
+    /// The window the new lease holds.
+    pub(crate) window: u64,
+    /// A grace window that was over (ending at this time) but not purged
+    /// yet: it ended by expiry and is counted as such.
+    pub(crate) expired: Option<u64>,
+}
+
+/// The outcome of a purge looking at a record ([`Reservation::expire`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expiry {
+    /// The grace window ending at `until` is over: the reservation is `None`.
+    Expired { until: u64 },
+    /// The window was renewed after the entry was armed: look again at `until`.
+    NotYet { until: u64 },
+    /// No grace window: nothing to expire.
+    NoWindow,
 }
 
 impl Reservation {
@@ -68,6 +100,64 @@ impl Reservation {
             // A window ending at `until` is over at `until` (the reference purges `expiry <= now`).
             Reservation::Grace { until, .. } => now < until,
         }
+    }
+
+    /// A retaining admission at `now`. `fresh` names a new window, and is
+    /// called only when one is opened.
+    pub(crate) fn admit(self, now: u64, fresh: impl FnOnce() -> u64) -> Admitted {
+        let (holders, window, expired) = match self {
+            Reservation::InFlight { holders, id } => (holders.saturating_add(1), id, None),
+            // Renewing a live window keeps its identity.
+            Reservation::Grace { until, id } if now < until => (1, id, None),
+            Reservation::Grace { until, .. } => (1, fresh(), Some(until)),
+            Reservation::None => (1, fresh(), None),
+        };
+        Admitted {
+            next: Reservation::InFlight {
+                holders,
+                id: window,
+            },
+            window,
+            expired,
+        }
+    }
+
+    /// The release at `now` of a retaining lease that holds `window`.
+    pub(crate) fn release(self, window: u64, now: u64, grace_ns: u64) -> Reservation {
+        match self {
+            Reservation::InFlight { holders, id } if id == window => {
+                if holders > 1 {
+                    Reservation::InFlight {
+                        holders: holders - 1,
+                        id,
+                    }
+                } else if grace_ns == 0 {
+                    Reservation::None
+                } else {
+                    Reservation::Grace {
+                        until: now.saturating_add(grace_ns),
+                        id,
+                    }
+                }
+            }
+            // A lease of a window that is over (finished, or finished and
+            // reopened) changes nothing.
+            other => other,
+        }
+    }
+
+    /// A purge at `now` looking at this reservation.
+    pub(crate) fn expire(self, now: u64) -> Expiry {
+        match self {
+            Reservation::Grace { until, .. } if until <= now => Expiry::Expired { until },
+            Reservation::Grace { until, .. } => Expiry::NotYet { until },
+            Reservation::None | Reservation::InFlight { .. } => Expiry::NoWindow,
+        }
+    }
+
+    /// `finish_session`: whatever the window was, it is over.
+    pub(crate) fn finish(self) -> Reservation {
+        Reservation::None
     }
 }
 
@@ -194,9 +284,18 @@ fn is_session(record: &SessionRecord, hash: u64, bytes: &[u8]) -> bool {
 }
 
 impl ShardMap {
-    /// The record of `key` (a key cloned from a record compares by pointer first).
+    /// The record `key` was cloned from, if it is still tracked.
     pub(crate) fn get_mut(&mut self, key: &SessionKey) -> Option<&mut SessionRecord> {
         self.sessions.find_mut(key.hash, |r| r.key == *key)
+    }
+
+    /// The record `key` was cloned from, in `sessions` (a field of a
+    /// `ShardMap` borrowed apart from its `ids`).
+    pub(crate) fn own_record<'a>(
+        sessions: &'a mut HashTable<SessionRecord>,
+        key: &SessionKey,
+    ) -> Option<&'a mut SessionRecord> {
+        sessions.find_mut(key.hash, |r| r.key == *key)
     }
 
     /// The record of session `bytes`, whose hash (by [`SessionTable::hash`]) is `hash`.
@@ -267,14 +366,6 @@ impl Shard {
     }
 }
 
-/// Seeds the shard hash. Randomly keyed normally; fixed under loom, where a
-/// model must take the same path every time it replays an interleaving (a
-/// random key would move sessions between shards from one replay to the next).
-#[cfg(not(loom))]
-type TableHasher = std::hash::RandomState;
-#[cfg(loom)]
-type TableHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
-
 /// The whole table: a power-of-two number of shards.
 #[derive(Debug)]
 pub(crate) struct SessionTable {
@@ -344,6 +435,121 @@ mod tests {
         assert_eq!(sparse(0, 0), None); // nothing to free
         assert_eq!(sparse(10, 40), None);
         assert_eq!(sparse(9, 40), Some(18));
+    }
+
+    const GRACE: u64 = 60;
+
+    fn fresh() -> u64 {
+        99
+    }
+
+    fn no_fresh_window() -> u64 {
+        panic!("this row keeps its window")
+    }
+
+    // One test per row of the state table, in its order.
+
+    #[test]
+    fn admit_from_none_opens_a_new_window() {
+        let a = Reservation::None.admit(5, fresh);
+        assert_eq!(a.next, Reservation::InFlight { holders: 1, id: 99 });
+        assert_eq!((a.window, a.expired), (99, None));
+    }
+
+    #[test]
+    fn admit_in_flight_adds_a_holder_to_the_same_window() {
+        let a = Reservation::InFlight { holders: 2, id: 7 }.admit(5, no_fresh_window);
+        assert_eq!(a.next, Reservation::InFlight { holders: 3, id: 7 });
+        assert_eq!((a.window, a.expired), (7, None));
+    }
+
+    #[test]
+    fn admit_in_grace_before_its_end_renews_the_same_window() {
+        let a = Reservation::Grace { until: 10, id: 7 }.admit(9, no_fresh_window);
+        assert_eq!(a.next, Reservation::InFlight { holders: 1, id: 7 });
+        assert_eq!((a.window, a.expired), (7, None));
+    }
+
+    #[test]
+    fn admit_at_the_end_of_grace_counts_the_expiry_and_opens_a_new_window() {
+        let a = Reservation::Grace { until: 10, id: 7 }.admit(10, fresh);
+        assert_eq!(a.next, Reservation::InFlight { holders: 1, id: 99 });
+        assert_eq!((a.window, a.expired), (99, Some(10)));
+    }
+
+    #[test]
+    fn release_of_one_of_several_holders_keeps_the_window_in_flight() {
+        let r = Reservation::InFlight { holders: 2, id: 7 };
+        assert_eq!(
+            r.release(7, 5, GRACE),
+            Reservation::InFlight { holders: 1, id: 7 }
+        );
+    }
+
+    #[test]
+    fn release_of_the_last_holder_starts_grace_or_ends_without_one() {
+        let r = Reservation::InFlight { holders: 1, id: 7 };
+        assert_eq!(
+            r.release(7, 5, GRACE),
+            Reservation::Grace { until: 65, id: 7 }
+        );
+        assert_eq!(r.release(7, 5, 0), Reservation::None);
+        assert_eq!(
+            r.release(7, u64::MAX - 1, GRACE),
+            Reservation::Grace {
+                until: u64::MAX,
+                id: 7
+            },
+            "saturates"
+        );
+    }
+
+    #[test]
+    fn release_of_another_window_changes_nothing() {
+        for r in [
+            Reservation::None,
+            Reservation::InFlight { holders: 1, id: 8 },
+            Reservation::Grace { until: 65, id: 7 },
+        ] {
+            assert_eq!(r.release(7, 5, GRACE), r, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn expire_at_or_after_the_end_of_grace_ends_the_window() {
+        let r = Reservation::Grace { until: 10, id: 7 };
+        assert_eq!(r.expire(10), Expiry::Expired { until: 10 });
+        assert_eq!(r.expire(11), Expiry::Expired { until: 10 });
+    }
+
+    #[test]
+    fn expire_before_the_end_of_grace_looks_again_then() {
+        let r = Reservation::Grace { until: 10, id: 7 };
+        assert_eq!(r.expire(9), Expiry::NotYet { until: 10 });
+        assert_eq!(Reservation::None.expire(9), Expiry::NoWindow);
+        assert_eq!(
+            Reservation::InFlight { holders: 1, id: 7 }.expire(99),
+            Expiry::NoWindow
+        );
+    }
+
+    #[test]
+    fn finish_ends_any_window() {
+        for r in [
+            Reservation::None,
+            Reservation::InFlight { holders: 2, id: 8 },
+            Reservation::Grace { until: 65, id: 7 },
+        ] {
+            assert_eq!(r.finish(), Reservation::None, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn a_window_is_held_until_its_end() {
+        assert!(!Reservation::None.held_at(0));
+        assert!(Reservation::InFlight { holders: 1, id: 7 }.held_at(u64::MAX));
+        assert!(Reservation::Grace { until: 10, id: 7 }.held_at(9));
+        assert!(!Reservation::Grace { until: 10, id: 7 }.held_at(10));
     }
 
     #[test]

@@ -49,10 +49,13 @@ impl TimerQueue {
     }
 
     /// Asks to look at the session whose id hashes to `hash` at `deadline`.
-    pub(crate) fn arm(&self, deadline: u64, hash: u64) {
+    /// Returns whether `deadline` became the earliest pending one.
+    pub(crate) fn arm(&self, deadline: u64, hash: u64) -> bool {
         let mut heap = self.heap.lock();
+        let earlier = deadline < self.earliest();
         heap.push(Reverse((deadline, hash)));
         self.publish_earliest(&heap);
+        earlier
     }
 
     /// Pops up to `max` entries due at `now`.

@@ -6,11 +6,13 @@
 //!   admitted it passes the wake on, if it must wait again it absorbs it
 //!   (pressure persists) and goes to the back of the queue;
 //! - a preemption or a cancellation wakes exactly its attempt;
-//! - close, and a manual clock's tick, wake everyone.
+//! - close, and a manual clock's tick, wake everyone;
+//! - a deadline that became the earliest ([`Waiters::nudge_newest`]) wakes
+//!   the newest sleeper, with nothing to take, so that its driver asks
+//!   `Core::next_deadline` again.
 //!
-//! One sleeping waiter, the *watcher*, also sleeps no later than the earliest
-//! grace expiry, so an expiry during a quiet period is noticed on time
-//! without a timer thread and without waking everyone at each expiry.
+//! The queue is only a queue: it holds no deadline. Deadlines are asked
+//! (`Core::next_deadline`) and every driver folds them into its sleep.
 //!
 //! No lost wake-up: an attempt registers here and then re-checks the event
 //! epoch, the gate's closed flag and its own fate, all under the queue lock;
@@ -22,7 +24,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::core::timers::{TimerQueue, NEVER};
 use crate::sync::{dekker_fence, Arc, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering};
 
 /// Wakes the thread or task driving one attempt. Called with gate locks
@@ -40,13 +41,11 @@ pub(crate) const CANCELLED: u8 = 2;
 /// comes later (a newer attempt, a cancel) finds its fate already sealed.
 pub(crate) const ENDED: u8 = 3;
 
-// Wake flags (`Slot::wake`), a bit set the woken attempt swaps to zero.
-/// A capacity event was handed to this waiter (it was popped from the queue).
+/// The one wake flag (`Slot::wake`), swapped to zero by the woken attempt:
+/// a capacity event was handed to this waiter (it was popped from the
+/// queue). Every other wake-up (a fate, close, a tick, a nudge) carries
+/// nothing: the attempt re-checks its fate, the clock and the queue.
 pub(crate) const WAKE_EVENT: u8 = 1;
-/// Recompute the sleep deadline (watcher role changed, new earlier expiry).
-pub(crate) const WAKE_REWATCH: u8 = 2;
-/// The clock moved (manual clocks) or the gate closed: re-check everything.
-pub(crate) const WAKE_LOOK: u8 = 4;
 
 /// The shared half of one attempt: how to end it and how to wake it.
 pub(crate) struct Slot {
@@ -108,8 +107,14 @@ impl Slot {
         self.fate.load(Ordering::SeqCst)
     }
 
-    fn signal(&self, flag: u8) {
-        self.wake.fetch_or(flag, Ordering::SeqCst);
+    /// Hands the attempt a capacity event and wakes it.
+    fn signal_event(&self) {
+        self.wake.fetch_or(WAKE_EVENT, Ordering::SeqCst);
+        self.notifier.notify();
+    }
+
+    /// Wakes the attempt with nothing to take: it re-checks everything.
+    fn nudge(&self) {
         self.notifier.notify();
     }
 }
@@ -119,9 +124,6 @@ struct Queue {
     /// Sleepers by ticket: the lowest ticket has slept longest.
     fifo: BTreeMap<u64, Arc<Slot>>,
     next_ticket: u64,
-    /// Ticket of the sleeper that also watches the earliest grace expiry.
-    /// Invariant: `Some` whenever `fifo` is not empty.
-    watcher: Option<u64>,
 }
 
 /// The registry of sleeping attempts.
@@ -130,16 +132,13 @@ pub(crate) struct Waiters {
     queue: Mutex<Queue>,
     /// Mirror of `queue.fifo.len()`, read by wakers before they lock.
     sleeping: AtomicUsize,
-    /// Grace expiry the watcher is known to sleep until ([`NEVER`] if none).
-    watch_deadline: AtomicU64,
 }
 
 /// Result of asking to sleep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Enqueued {
-    /// Asleep in the queue; `watch_until` is the grace expiry this waiter
-    /// must also wake at if it is the watcher.
-    Asleep { watch_until: Option<u64> },
+    /// Asleep in the queue.
+    Asleep,
     /// Something changed since the pass began: look again instead of sleeping.
     LookAgain,
 }
@@ -152,7 +151,6 @@ impl Waiters {
                 ..Queue::default()
             }),
             sleeping: AtomicUsize::new(0),
-            watch_deadline: AtomicU64::new(NEVER),
         }
     }
 
@@ -163,12 +161,7 @@ impl Waiters {
 
     /// Puts `slot` to sleep at the back of the queue, unless `changed()`
     /// (evaluated after registering, under the queue lock) says otherwise.
-    pub(crate) fn enqueue(
-        &self,
-        slot: &Arc<Slot>,
-        grace: &TimerQueue,
-        changed: impl FnOnce() -> bool,
-    ) -> Enqueued {
+    pub(crate) fn enqueue(&self, slot: &Arc<Slot>, changed: impl FnOnce() -> bool) -> Enqueued {
         let mut q = self.queue.lock();
         let ticket = q.next_ticket;
         q.next_ticket += 1;
@@ -176,8 +169,9 @@ impl Waiters {
         slot.ticket.store(ticket, Ordering::SeqCst);
         self.sleeping.store(q.fifo.len(), Ordering::SeqCst);
         // The sleeper's half of the handshake (the waker's is in
-        // `Core::capacity_event` and `expiry_added`): publish "asleep", then
-        // read what the waker writes. See `sync::dekker_fence`.
+        // `Core::capacity_event` and `Core::deadline_moved_earlier`): publish
+        // "asleep", then read what the waker writes (the driver reads
+        // `next_deadline` after this). See `sync::dekker_fence`.
         dekker_fence();
         if changed() {
             q.fifo.remove(&ticket);
@@ -185,113 +179,74 @@ impl Waiters {
             self.sleeping.store(q.fifo.len(), Ordering::SeqCst);
             return Enqueued::LookAgain;
         }
-        Enqueued::Asleep {
-            watch_until: self.claim_watch(&mut q, ticket, grace),
-        }
+        Enqueued::Asleep
     }
 
-    /// For a sleeper woken without an event (deadline, rewatch, tick): stays
-    /// in its place; `Some(watch_until)` as for [`Enqueued::Asleep`], or
-    /// `None` if it is no longer queued (an event or a fate reached it).
-    pub(crate) fn stay_asleep(&self, slot: &Slot, grace: &TimerQueue) -> Option<Option<u64>> {
-        let mut q = self.queue.lock();
-        let ticket = slot.ticket.load(Ordering::SeqCst);
-        if ticket == 0 {
-            return None;
-        }
-        Some(self.claim_watch(&mut q, ticket, grace))
-    }
-
-    /// Makes `ticket` the watcher if there is none. The earliest expiry is
-    /// read under the queue lock: a window armed before this read is seen
-    /// here, one armed after it finds the watcher in `expiry_added`.
-    fn claim_watch(&self, q: &mut Queue, ticket: u64, grace: &TimerQueue) -> Option<u64> {
-        match q.watcher {
-            None => q.watcher = Some(ticket),
-            Some(w) if w == ticket => {}
-            Some(_) => return None,
-        }
-        let earliest = grace.earliest();
-        self.watch_deadline.store(earliest, Ordering::SeqCst);
-        Some(earliest)
+    /// Whether `slot` still sleeps in its place (woken without an event:
+    /// a deadline, a tick, a nudge). `false` once an event or a fate took
+    /// it out of the queue.
+    pub(crate) fn still_queued(&self, slot: &Slot) -> bool {
+        let _q = self.queue.lock(); // ordered with the waker that dequeues
+        slot.ticket.load(Ordering::SeqCst) != 0
     }
 
     /// Takes `slot` out of the queue if it is there (it woke up and will not
     /// sleep in its place again).
-    pub(crate) fn dequeue(&self, slot: &Slot, grace: &TimerQueue) {
+    pub(crate) fn dequeue(&self, slot: &Slot) {
         if slot.ticket.load(Ordering::SeqCst) == 0 {
             return;
         }
         let mut q = self.queue.lock();
         let ticket = slot.ticket.load(Ordering::SeqCst);
         if ticket != 0 {
-            self.remove(&mut q, ticket, grace);
+            self.remove(&mut q, ticket);
         }
     }
 
     /// Hands a capacity event to the longest sleeper, if any.
-    pub(crate) fn wake_one(&self, grace: &TimerQueue) -> bool {
+    pub(crate) fn wake_one(&self) -> bool {
         let mut q = self.queue.lock();
         let Some((&ticket, _)) = q.fifo.first_key_value() else {
             return false;
         };
-        let slot = self.remove(&mut q, ticket, grace);
-        slot.signal(WAKE_EVENT);
+        let slot = self.remove(&mut q, ticket);
+        slot.signal_event();
         true
     }
 
     /// Wakes one specific attempt (its fate was just set), wherever it is.
-    pub(crate) fn wake_slot(&self, slot: &Slot, grace: &TimerQueue) {
+    pub(crate) fn wake_slot(&self, slot: &Slot) {
         let mut q = self.queue.lock();
         let ticket = slot.ticket.load(Ordering::SeqCst);
         if ticket != 0 {
-            self.remove(&mut q, ticket, grace);
+            self.remove(&mut q, ticket);
         }
-        slot.signal(WAKE_LOOK);
+        slot.nudge();
     }
 
     /// Wakes every sleeper to re-check everything (close, clock moved).
     pub(crate) fn wake_all(&self) {
         let q = self.queue.lock();
         for slot in q.fifo.values() {
-            slot.signal(WAKE_LOOK);
+            slot.nudge();
         }
     }
 
-    /// A grace window ending at `expiry` was opened: if the watcher sleeps
-    /// past it, tell it to recompute its deadline.
-    pub(crate) fn expiry_added(&self, expiry: u64) {
-        // Nobody asleep: whoever sleeps next reads the earliest expiry itself
-        // (the window was armed before this check, SeqCst on both sides).
-        dekker_fence(); // the window was armed (written) above; now read "asleep"
-        if self.sleeping() == 0 || expiry >= self.watch_deadline.load(Ordering::SeqCst) {
-            return;
-        }
+    /// Wakes the newest sleeper, which stays in its place, to ask for the
+    /// next deadline again (one that became the earliest was armed). The
+    /// newest: an event reaches it last, so it is the likeliest to still be
+    /// asleep when the deadline comes.
+    pub(crate) fn nudge_newest(&self) {
         let q = self.queue.lock();
-        if let Some(w) = q.watcher {
-            self.watch_deadline.store(expiry, Ordering::SeqCst);
-            q.fifo[&w].signal(WAKE_REWATCH);
+        if let Some((_, slot)) = q.fifo.last_key_value() {
+            slot.nudge();
         }
     }
 
-    fn remove(&self, q: &mut Queue, ticket: u64, grace: &TimerQueue) -> Arc<Slot> {
+    fn remove(&self, q: &mut Queue, ticket: u64) -> Arc<Slot> {
         let slot = q.fifo.remove(&ticket).expect("ticket is queued");
         slot.ticket.store(0, Ordering::SeqCst);
         self.sleeping.store(q.fifo.len(), Ordering::SeqCst);
-        if q.watcher == Some(ticket) {
-            // Hand the watch to the newest sleeper: the one an event reaches
-            // last. It sleeps to its poll for now (watch_deadline NEVER), so
-            // it is told to recompute only if a window is pending; a window
-            // opened later reaches it through `expiry_added`.
-            q.watcher = None;
-            self.watch_deadline.store(NEVER, Ordering::SeqCst);
-            if let Some((&next, next_slot)) = q.fifo.last_key_value() {
-                q.watcher = Some(next);
-                if grace.earliest() != NEVER {
-                    next_slot.signal(WAKE_REWATCH);
-                }
-            }
-        }
         slot
     }
 }

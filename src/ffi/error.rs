@@ -68,14 +68,8 @@ impl fmt::Display for SessionName<'_> {
     }
 }
 
-// loom runs its model threads as coroutines on one OS thread, so the model
-// needs loom's thread-local to keep each thread's message apart.
-#[cfg(not(loom))]
-std::thread_local! {
-    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
-}
-#[cfg(loom)]
-loom::thread_local! {
+// Per model thread under loom (see the facade).
+crate::sync::thread_local_cell! {
     static LAST_ERROR: RefCell<Option<CString>> = RefCell::new(None);
 }
 

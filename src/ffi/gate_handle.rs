@@ -134,12 +134,7 @@ impl Drop for AcquireCall<'_> {
 }
 
 // The gates this thread is inside `kvgate_acquire` on (nested when a probe
-// calls back into a gate). loom's own thread-local keeps model threads apart.
-#[cfg(not(loom))]
-std::thread_local! {
-    static ACQUIRING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-}
-#[cfg(loom)]
-loom::thread_local! {
+// calls back into a gate).
+crate::sync::thread_local_cell! {
     static ACQUIRING: RefCell<Vec<usize>> = RefCell::new(Vec::new());
 }

@@ -27,15 +27,8 @@ pub(crate) struct LeaseRegistry<T> {
     shard_bits: u32,
 }
 
-#[cfg(not(loom))]
 fn default_shard_bits() -> u32 {
-    let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
-    (cpus * 4).next_power_of_two().clamp(8, 64).trailing_zeros()
-}
-
-#[cfg(loom)]
-fn default_shard_bits() -> u32 {
-    1
+    crate::sync::default_shard_bits(4, 8, 64)
 }
 
 impl<T> LeaseRegistry<T> {

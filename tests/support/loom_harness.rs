@@ -192,7 +192,7 @@ impl Notify for Wake {
 /// whose deadline passed, as a real timed wait would (the tokio time-driver
 /// tests' `process_at_time`). Unlike `clock_advanced`, which wakes everyone,
 /// this leaves a sleeper with a deadline too late asleep, which is what makes
-/// a wrong deadline (e.g. a watcher sleeping past an expiry) a deadlock.
+/// a wrong deadline (e.g. a driver sleeping past the next deadline) a deadlock.
 #[derive(Debug)]
 pub struct VirtualTime {
     pub clock: StdArc<ManualClock>,
@@ -243,7 +243,7 @@ impl VirtualTime {
 
 /// An attempt begun on a core, with the parker its notifier wakes.
 pub struct Driven {
-    pub attempt: Attempt,
+    pub attempt: Attempt<StdArc<Core>>,
     pub parker: Arc<TestParker>,
     /// Clock reading the attempt began at: with `Admission::wait`, tells
     /// the time of the admitting decision.
@@ -251,10 +251,15 @@ pub struct Driven {
 }
 
 /// Begins an attempt of `session` at the clock's time.
-pub fn begin(core: &Core, time: &VirtualTime, session: &[u8]) -> Result<Driven, AcquireError> {
+pub fn begin(
+    core: &StdArc<Core>,
+    time: &VirtualTime,
+    session: &[u8],
+) -> Result<Driven, AcquireError> {
     let parker = TestParker::new();
     let now = time.now();
-    let attempt = core.begin(
+    let attempt = Attempt::begin(
+        core.clone(),
         session,
         PROMPT.len(),
         now,
@@ -277,7 +282,7 @@ pub fn drive(
     probe: &ScriptedProbe,
     mut d: Driven,
 ) -> Result<LeaseToken, AcquireError> {
-    let step = d.attempt.start(core, time.now());
+    let step = d.attempt.start(time.now()).unwrap();
     drive_from(core, time, probe, d, step)
 }
 
@@ -294,15 +299,18 @@ pub fn drive_from(
         step = match step {
             Step::ProbeUsage => {
                 let usage = probe.kv_cache_usage(&session);
-                d.attempt.on_usage(core, usage, time.now())
+                d.attempt.on_usage(usage, time.now()).unwrap()
             }
             Step::ProbePrefix => {
                 let hit = probe.prefix_hit_ratio(&session, PROMPT);
-                d.attempt.on_prefix(core, hit, time.now())
+                d.attempt.on_prefix(hit, time.now()).unwrap()
             }
             Step::Sleep { until_ns } => {
-                time.sleep(&d.parker, until_ns);
-                d.attempt.on_wake(core, time.now())
+                // Every sleeper folds the core's deadline in (the blocking
+                // gate lets one do it; either way someone wakes for it).
+                let until = core.next_deadline().map_or(until_ns, |t| t.min(until_ns));
+                time.sleep(&d.parker, until);
+                d.attempt.on_wake(time.now()).unwrap()
             }
             Step::Admitted(token) => return Ok(token),
             Step::Failed(err) => return Err(err),
@@ -325,12 +333,12 @@ pub fn acquire(
 pub fn asleep(core: &Core, time: &VirtualTime, session: &[u8]) -> (Driven, Step) {
     let mut d = begin(core, time, session).expect("not closed");
     assert!(matches!(
-        d.attempt.start(core, time.now()),
+        d.attempt.start(time.now()).unwrap(),
         Step::ProbeUsage
     ));
-    let step = d.attempt.on_usage(core, Some(HIGH), time.now());
+    let step = d.attempt.on_usage(Some(HIGH), time.now()).unwrap();
     assert!(matches!(step, Step::ProbePrefix), "{step:?}");
-    let step = d.attempt.on_prefix(core, Some(COLD), time.now());
+    let step = d.attempt.on_prefix(Some(COLD), time.now()).unwrap();
     assert!(matches!(step, Step::Sleep { .. }), "{step:?}");
     (d, step)
 }

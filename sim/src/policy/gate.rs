@@ -5,7 +5,8 @@
 //! - `Step::ProbeUsage` / `Step::ProbePrefix` become probe events sent to the
 //!   session's replica; their answers come back after the probe latency and
 //!   are fed to `on_usage` / `on_prefix` at the time they arrive.
-//! - `Step::Sleep { until_ns }` becomes a timer event; the core's
+//! - `Step::Sleep { until_ns }` becomes a timer event (at the core's
+//!   `next_deadline` if that is earlier); the core's
 //!   [`Notify`] (called with gate locks held) only records the attempt on a
 //!   "woken" list, which the event loop drains at the current simulated
 //!   time, calling `on_wake`. A timer that finds the attempt already awake
@@ -78,14 +79,14 @@ enum Awaiting {
 
 #[derive(Debug)]
 struct Driven {
-    attempt: Attempt,
+    attempt: Attempt<Arc<Core>>,
     session: usize,
     awaiting: Awaiting,
 }
 
 /// The kvgate core and the attempts in progress.
 pub struct GateDriver {
-    core: Core,
+    core: Arc<Core>,
     keys: Vec<Vec<u8>>,
     woken: Arc<Mutex<Vec<u64>>>,
     attempts: FxHashMap<u64, Driven>,
@@ -106,7 +107,7 @@ impl GateDriver {
     /// A gate with `config` for `sessions` sessions.
     pub fn new(config: kvgate::Config, sessions: usize) -> Result<Self, kvgate::ConfigError> {
         Ok(Self {
-            core: Core::new(config)?,
+            core: Arc::new(Core::new(config)?),
             keys: (0..sessions)
                 .map(|s| format!("session-{s}").into_bytes())
                 .collect(),
@@ -126,11 +127,16 @@ impl GateDriver {
             id,
             woken: self.woken.clone(),
         });
-        let mut attempt = self
-            .core
-            .begin(&self.keys[session], prompt_len, now, None, notifier)
-            .expect("the simulated gate is never closed");
-        let step = attempt.start(&self.core, now);
+        let mut attempt = Attempt::begin(
+            self.core.clone(),
+            &self.keys[session],
+            prompt_len,
+            now,
+            None,
+            notifier,
+        )
+        .expect("the simulated gate is never closed");
+        let step = attempt.start(now).expect("a new attempt starts");
         self.attempts.insert(
             id,
             Driven {
@@ -154,8 +160,8 @@ impl GateDriver {
             "answer to the probe asked"
         );
         let step = match kind {
-            ProbeKind::Usage => d.attempt.on_usage(&self.core, value, now),
-            ProbeKind::Prefix => d.attempt.on_prefix(&self.core, value, now),
+            ProbeKind::Usage => d.attempt.on_usage(value, now).expect("answered in order"),
+            ProbeKind::Prefix => d.attempt.on_prefix(value, now).expect("answered in order"),
         };
         self.handle(id, step)
     }
@@ -166,7 +172,7 @@ impl GateDriver {
         if d.awaiting != (Awaiting::Wake { generation }) {
             return None;
         }
-        let step = d.attempt.on_wake(&self.core, now);
+        let step = d.attempt.on_wake(now).expect("woken after a sleep");
         Some(self.handle(id, step))
     }
 
@@ -183,7 +189,7 @@ impl GateDriver {
                 };
                 // An attempt awaiting a probe answer learns its fate from it.
                 if matches!(d.awaiting, Awaiting::Wake { .. }) {
-                    let step = d.attempt.on_wake(&self.core, now);
+                    let step = d.attempt.on_wake(now).expect("woken after a sleep");
                     out.push(self.handle(id, step));
                 }
             }
@@ -230,11 +236,14 @@ impl GateDriver {
                 self.next_generation += 1;
                 let generation = self.next_generation;
                 self.attempts.get_mut(&id).expect("live").awaiting = Awaiting::Wake { generation };
-                Action::Timer {
-                    id,
-                    generation,
-                    at: until_ns,
-                }
+                // The core's next deadline (a grace window's end) is folded
+                // into every sleeper's timer: in simulated time a herd of
+                // timers costs nothing, and one that fires does what is due.
+                let at = self
+                    .core
+                    .next_deadline()
+                    .map_or(until_ns, |d| d.min(until_ns));
+                Action::Timer { id, generation, at }
             }
             Step::Admitted(token) => {
                 let d = self.attempts.remove(&id).expect("live");
