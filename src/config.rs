@@ -4,15 +4,57 @@
 use std::fmt;
 use std::time::Duration;
 
+/// How the gate decides under pressure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Admission {
+    /// Working-set admission (`core::working_set`): sessions are admitted
+    /// while their prefix-cache footprints fit the engine's KV capacity,
+    /// in FIFO order, and keep their place between turns for a window
+    /// measured from the engine. The default.
+    #[default]
+    WorkingSet,
+    /// The seed's decision table, exactly: usage watermark, reservation,
+    /// prefix probe (`core::decision`).
+    Reference,
+}
+
+impl Admission {
+    /// The mode's name, as the C ABI and the configuration files spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Admission::WorkingSet => "working_set",
+            Admission::Reference => "reference",
+        }
+    }
+
+    /// Parses [`Admission::as_str`]'s names.
+    pub fn parse(name: &str) -> Result<Self, ConfigError> {
+        match name {
+            "working_set" | "working-set" => Ok(Admission::WorkingSet),
+            "reference" => Ok(Admission::Reference),
+            other => Err(ConfigError {
+                field: "admission",
+                value: other.to_string(),
+                expected: "working_set or reference",
+            }),
+        }
+    }
+}
+
 /// The gate's tuning knobs.
 ///
-/// Defaults are the reference implementation's: watermark 0.85, hit
-/// threshold 0.80, poll 5 s, idle grace 60 s. Unlike the reference, values
+/// Defaults: working-set admission; the other figures are the reference
+/// implementation's (watermark 0.85, hit threshold 0.80, poll 5 s, idle
+/// grace 60 s), used by [`Admission::Reference`] (watermark, hit threshold,
+/// idle grace) and by both modes (poll, retention). Unlike the reference, values
 /// are validated by [`Config::validate`] (called by every constructor) and
 /// never clamped: a poll interval below 5 s is allowed, a NaN watermark is
 /// an error.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// How the gate decides under pressure.
+    pub admission: Admission,
     /// KV-cache usage (0..=1) at or above which the gate is under pressure.
     /// `usage == high_watermark` counts as pressure.
     pub high_watermark: f64,
@@ -34,6 +76,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
+            admission: Admission::WorkingSet,
             high_watermark: 0.85,
             hit_threshold: 0.80,
             wait_poll: Duration::from_secs(5),
@@ -71,6 +114,15 @@ impl std::error::Error for ConfigError {}
 const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 impl Config {
+    /// The reference implementation's configuration: its decision table
+    /// and its defaults.
+    pub fn reference() -> Self {
+        Self {
+            admission: Admission::Reference,
+            ..Self::default()
+        }
+    }
+
     /// Checks every field; the first offending one is reported.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_fraction("high_watermark", self.high_watermark)?;
@@ -149,7 +201,9 @@ mod tests {
 
     #[test]
     fn defaults_are_the_reference_ones_and_valid() {
-        let c = Config::default();
+        assert_eq!(Config::default().admission, Admission::WorkingSet);
+        let c = Config::reference();
+        assert_eq!(c.admission, Admission::Reference);
         assert_eq!(c.high_watermark, 0.85);
         assert_eq!(c.hit_threshold, 0.80);
         assert_eq!(c.wait_poll, Duration::from_secs(5));
@@ -206,6 +260,14 @@ mod tests {
             ..Config::default()
         };
         assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn admission_names_round_trip_and_others_are_refused() {
+        for a in [Admission::WorkingSet, Admission::Reference] {
+            assert_eq!(Admission::parse(a.as_str()), Ok(a));
+        }
+        assert_eq!(Admission::parse("fifo").unwrap_err().field, "admission");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The seed's admission table, and nothing else. Every driver (blocking gate,
+//! The seed's admission table (`reference` mode), and the reasons of both
+//! modes; the working-set mode's rules are in `working_set`. Every driver (blocking gate,
 //! simulator, event-loop hosts) reaches an admission decision through
 //! [`decide`]; a later, footprint-aware pressure signal changes this file.
 //!
@@ -27,15 +28,25 @@ pub enum Reason {
     PrefixProbeUnavailable = 2,
     /// Under pressure, the prompt's resident prefix reached the hit threshold.
     ResidentPrefix = 3,
+    /// Working set: the session's footprint fit beside the working set's.
+    FitsWorkingSet = 4,
+    /// Working set: nobody else was in it (liveness).
+    EmptyWorkingSet = 5,
+    /// Working set: the session waited past the wait bound, and members
+    /// between turns were parked to make room for it.
+    WaitBound = 6,
 }
 
 impl Reason {
     /// All reasons, in their numeric order.
-    pub const ALL: [Reason; 4] = [
+    pub const ALL: [Reason; 7] = [
         Reason::Open,
         Reason::ReservedSession,
         Reason::PrefixProbeUnavailable,
         Reason::ResidentPrefix,
+        Reason::FitsWorkingSet,
+        Reason::EmptyWorkingSet,
+        Reason::WaitBound,
     ];
 
     /// The seed's name for the reason.
@@ -45,6 +56,9 @@ impl Reason {
             Reason::ReservedSession => "reserved_session",
             Reason::PrefixProbeUnavailable => "prefix_probe_unavailable",
             Reason::ResidentPrefix => "resident_prefix",
+            Reason::FitsWorkingSet => "fits_working_set",
+            Reason::EmptyWorkingSet => "empty_working_set",
+            Reason::WaitBound => "wait_bound",
         }
     }
 

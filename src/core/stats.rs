@@ -62,7 +62,7 @@ pub(crate) enum Probed {
 #[derive(Debug, Default)]
 pub(crate) struct ShardCounters {
     pub(crate) attempts: Counter,
-    pub(crate) admissions: [Counter; 4],
+    pub(crate) admissions: [Counter; Reason::ALL.len()],
     pub(crate) waits: Counter,
     pub(crate) wait_ns: Counter,
     pub(crate) preempted: Counter,
@@ -152,7 +152,7 @@ impl ShardCounters {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GateStats {
     /// Admissions per [`Reason`], indexed by `Reason as usize`.
-    pub admissions_by_reason: [u64; 4],
+    pub admissions_by_reason: [u64; Reason::ALL.len()],
     /// Attempts begun (every `acquire` that was not refused as closed).
     pub attempts: u64,
     /// Attempts that slept at least once before they ended.

@@ -147,6 +147,10 @@ impl Default for Tuning {
 const ESTIMATE_STEP: f64 = 0.02;
 /// Lowest the estimate goes, as a fraction of the engine's capacity.
 const ESTIMATE_FLOOR: f64 = 0.5;
+/// Usage answers below this say too little about capacity to use.
+const USAGE_SAMPLE_FLOOR: f64 = 0.05;
+/// Usage samples kept for the capacity estimate when the engine gives none.
+const USAGE_SAMPLES: usize = 16;
 /// Tool gaps remembered per session.
 const GAP_SAMPLES: usize = 8;
 /// Gaps needed before a session's own median decides its window.
@@ -236,6 +240,8 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     mean_output: f64,
     miss_rate: f64,
     parked: u64,
+    /// Capacity estimates from usage answers (only when the engine gives none).
+    usage_samples: VecDeque<f64>,
 }
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
@@ -256,6 +262,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             mean_output: 0.0,
             miss_rate: 0.0,
             parked: 0,
+            usage_samples: VecDeque::new(),
         }
     }
 
@@ -272,6 +279,34 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if engine.prefill_tokens_per_sec > 0.0 {
             self.engine.prefill_tokens_per_sec = engine.prefill_tokens_per_sec;
         }
+    }
+
+    /// Records a usage answer (the fraction of KV blocks held by running
+    /// requests). Used only while the engine has not said its capacity:
+    /// the tokens of the members in flight over that fraction estimate it
+    /// (the median of recent samples, so one answer taken while a turn was
+    /// still queued in the engine does not decide).
+    pub fn observe_usage(&mut self, usage: f64) {
+        if self.engine.tokens > 0 || !(USAGE_SAMPLE_FLOOR..=1.0).contains(&usage) {
+            return;
+        }
+        let in_flight: u64 = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.in_flight > 0)
+            .map(|(k, m)| self.own(k, m.footprint))
+            .sum();
+        if in_flight == 0 {
+            return;
+        }
+        let sample = (self.shared_prefix + in_flight) as f64 / usage;
+        if self.usage_samples.len() == USAGE_SAMPLES {
+            self.usage_samples.pop_front();
+        }
+        self.usage_samples.push_back(sample);
+        let mut sorted: Vec<f64> = self.usage_samples.iter().copied().collect();
+        sorted.sort_by(f64::total_cmp);
+        self.estimate = Some(sorted[sorted.len() / 2]);
     }
 
     /// Capacity in force, tokens (infinite while unknown).
@@ -571,7 +606,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Lowers the capacity estimate while members miss what they should
     /// have hit, and grows it back towards the engine's while they do not.
     fn learn_misses(&mut self, expect: u64, hit: u64) {
-        let Some(estimate) = self.estimate else {
+        let (Some(estimate), true) = (self.estimate, self.engine.tokens > 0) else {
             return;
         };
         let capacity = self.engine.tokens as f64;
@@ -972,6 +1007,21 @@ mod tests {
             ws.release(&"a", 500, report(499, 0), 100 + i * 2, 101 + i * 2);
         }
         assert!(ws.capacity() > 950.0, "{}", ws.capacity());
+    }
+
+    #[test]
+    fn without_the_engine_capacity_usage_answers_estimate_it() {
+        let mut ws: WorkingSet<u32> = WorkingSet::new(Tuning::default());
+        ws.request(&1, 300, 0);
+        ws.request(&2, 300, 0);
+        // 600 tokens in flight hold 60% of the blocks: about 1000 in all.
+        ws.observe_usage(0.6);
+        assert_eq!(ws.capacity(), 1000.0);
+        assert_eq!(ws.request(&3, 500, 1), Verdict::Wait);
+        // The engine's own figure wins over the estimate.
+        ws.set_engine(EngineCapacity::new(5000, 1, 0.0));
+        ws.observe_usage(0.01);
+        assert_eq!(ws.capacity(), 5000.0);
     }
 
     #[test]

@@ -112,11 +112,20 @@ pub enum kvgate_reason {
     /// Under pressure, the prompt's resident prefix reached the hit
     /// threshold. Retains the session.
     KVGATE_REASON_RESIDENT_PREFIX = 3,
+    /// Working-set admission: the session's prefix-cache footprint fit
+    /// beside the working set's. The session holds its working-set place.
+    KVGATE_REASON_FITS_WORKING_SET = 4,
+    /// Working-set admission: nobody else was in the working set
+    /// (liveness).
+    KVGATE_REASON_EMPTY_WORKING_SET = 5,
+    /// Working-set admission: the session waited past the wait bound and
+    /// members between turns were parked to make room for it.
+    KVGATE_REASON_WAIT_BOUND = 6,
 }
 
 /// Number of `kvgate_reason` values; the length of
 /// `kvgate_stats.admissions_by_reason`.
-pub const KVGATE_REASON_COUNT: usize = 4;
+pub const KVGATE_REASON_COUNT: usize = 7;
 
 impl kvgate_reason {
     /// Every reason, in value order.
@@ -125,6 +134,9 @@ impl kvgate_reason {
         Self::KVGATE_REASON_RESERVED_SESSION,
         Self::KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE,
         Self::KVGATE_REASON_RESIDENT_PREFIX,
+        Self::KVGATE_REASON_FITS_WORKING_SET,
+        Self::KVGATE_REASON_EMPTY_WORKING_SET,
+        Self::KVGATE_REASON_WAIT_BOUND,
     ];
 
     /// The seed's name (`"open"`, ...), NUL-terminated.
@@ -134,6 +146,9 @@ impl kvgate_reason {
             Self::KVGATE_REASON_RESERVED_SESSION => b"reserved_session\0",
             Self::KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE => b"prefix_probe_unavailable\0",
             Self::KVGATE_REASON_RESIDENT_PREFIX => b"resident_prefix\0",
+            Self::KVGATE_REASON_FITS_WORKING_SET => b"fits_working_set\0",
+            Self::KVGATE_REASON_EMPTY_WORKING_SET => b"empty_working_set\0",
+            Self::KVGATE_REASON_WAIT_BOUND => b"wait_bound\0",
         }
     }
 }
@@ -146,6 +161,9 @@ impl From<Reason> for kvgate_reason {
             Reason::ReservedSession => Self::KVGATE_REASON_RESERVED_SESSION,
             Reason::PrefixProbeUnavailable => Self::KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE,
             Reason::ResidentPrefix => Self::KVGATE_REASON_RESIDENT_PREFIX,
+            Reason::FitsWorkingSet => Self::KVGATE_REASON_FITS_WORKING_SET,
+            Reason::EmptyWorkingSet => Self::KVGATE_REASON_EMPTY_WORKING_SET,
+            Reason::WaitBound => Self::KVGATE_REASON_WAIT_BOUND,
         }
     }
 }
@@ -174,8 +192,9 @@ pub extern "C" fn kvgate_status_str(status: u32) -> *const c_char {
     })
 }
 
-/// The seed's name of a reason: `"open"`, `"reserved_session"`,
-/// `"prefix_probe_unavailable"`, `"resident_prefix"`, or `"unknown"`.
+/// The name of a reason: `"open"`, `"reserved_session"`,
+/// `"prefix_probe_unavailable"`, `"resident_prefix"`, `"fits_working_set"`,
+/// `"empty_working_set"`, `"wait_bound"`, or `"unknown"`.
 ///
 /// Takes a plain `uint32_t` so that any value is safe to pass. The string is
 /// static: never free it. Never returns NULL. Thread-safe.
@@ -228,6 +247,6 @@ mod tests {
             assert_eq!(c as u32, reason as u32);
             assert_eq!(text(kvgate_reason_str(c as u32)), reason.as_str());
         }
-        assert_eq!(text(kvgate_reason_str(4)), "unknown");
+        assert_eq!(text(kvgate_reason_str(KVGATE_REASON_COUNT as u32)), "unknown");
     }
 }
