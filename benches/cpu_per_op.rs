@@ -60,8 +60,8 @@ fn main() {
     let bench = common::bench_mode();
     let (rounds, per_round) = if bench { (8, 2_400_000) } else { (1, 4_000) };
     let ids = session_ids("session", POOL);
-    let kv = Gate::new(Config::default(), Fixed::OPEN).expect("valid config");
-    let naive = NaiveGate::new(&Config::default(), Fixed::OPEN);
+    let kv = Gate::new(Config::reference(), Fixed::OPEN).expect("valid config");
+    let naive = NaiveGate::new(&Config::reference(), Fixed::OPEN);
     println!("open path, wall and CPU time per operation ({rounds} rounds: min / median)");
     let mut json = Vec::new();
     for threads in [1, 8] {

@@ -64,7 +64,7 @@ fn run(name: &str, iters: u64) {
     let ids = session_ids("session", POOL);
     let no_grace = Config {
         idle_grace: Duration::ZERO,
-        ..Config::default()
+        ..Config::reference()
     };
     let mut op: Box<dyn FnMut(u64)> = match name {
         "floor/atomic_increment" => {
@@ -81,32 +81,32 @@ fn run(name: &str, iters: u64) {
             black_box(Instant::now());
         }),
         "open_1t/kvgate/hot" => {
-            let gate = Gate::new(Config::default(), Fixed::OPEN).unwrap();
+            let gate = Gate::new(Config::reference(), Fixed::OPEN).unwrap();
             Box::new(move |_| gate_cycle(&gate, &ids[0], Reason::Open))
         }
         "open_1t/kvgate/distinct" => {
-            let gate = Gate::new(Config::default(), Fixed::OPEN).unwrap();
+            let gate = Gate::new(Config::reference(), Fixed::OPEN).unwrap();
             Box::new(move |k| gate_cycle(&gate, &ids[k as usize % POOL], Reason::Open))
         }
         "open_1t/core/hot" => {
-            let core = Core::new(Config::default()).unwrap();
+            let core = Core::new(Config::reference()).unwrap();
             Box::new(move |k| core_cycle(&core, &ids[0], k + 1))
         }
         "open_1t/naive/hot" => {
-            let naive = NaiveGate::new(&Config::default(), Fixed::OPEN);
+            let naive = NaiveGate::new(&Config::reference(), Fixed::OPEN);
             Box::new(move |_| naive_cycle(&naive, &ids[0], Reason::Open))
         }
         "open_1t/naive/distinct" => {
-            let naive = NaiveGate::new(&Config::default(), Fixed::OPEN);
+            let naive = NaiveGate::new(&Config::reference(), Fixed::OPEN);
             Box::new(move |k| naive_cycle(&naive, &ids[k as usize % POOL], Reason::Open))
         }
         "pressure/reserved_session/kvgate" => {
-            let gate = Gate::new(Config::default(), Fixed::HOT).unwrap();
+            let gate = Gate::new(Config::reference(), Fixed::HOT).unwrap();
             gate_cycle(&gate, &ids[0], Reason::ResidentPrefix);
             Box::new(move |_| gate_cycle(&gate, &ids[0], Reason::ReservedSession))
         }
         "pressure/reserved_session/naive" => {
-            let naive = NaiveGate::new(&Config::default(), Fixed::HOT);
+            let naive = NaiveGate::new(&Config::reference(), Fixed::HOT);
             naive_cycle(&naive, &ids[0], Reason::ResidentPrefix);
             Box::new(move |_| naive_cycle(&naive, &ids[0], Reason::ReservedSession))
         }
@@ -119,7 +119,7 @@ fn run(name: &str, iters: u64) {
             Box::new(move |_| naive_cycle(&naive, &ids[0], Reason::ResidentPrefix))
         }
         "turn_then_finish/naive" => {
-            let naive = NaiveGate::new(&Config::default(), Fixed::OPEN);
+            let naive = NaiveGate::new(&Config::reference(), Fixed::OPEN);
             Box::new(move |k| {
                 let id = &ids[k as usize % POOL];
                 naive_cycle(&naive, id, Reason::Open);
@@ -129,7 +129,7 @@ fn run(name: &str, iters: u64) {
         "turn_then_finish/kvgate" => {
             // A turn then the end of its session: begin creates the record,
             // finish drops it (the record's whole life, allocation included).
-            let gate = Gate::new(Config::default(), Fixed::OPEN).unwrap();
+            let gate = Gate::new(Config::reference(), Fixed::OPEN).unwrap();
             Box::new(move |k| {
                 let id = &ids[k as usize % POOL];
                 gate_cycle(&gate, id, Reason::Open);

@@ -377,7 +377,7 @@ fn main() {
         } else {
             Duration::from_millis(50)
         },
-        ..Config::default()
+        ..Config::reference()
     };
     let (waiter_counts, samples): (&[usize], usize) = if bench {
         (&[1, 16, 256], 400)

@@ -95,7 +95,7 @@ impl Stages {
 }
 
 fn kvgate(n: usize) -> Stages {
-    let config = Config::default();
+    let config = Config::reference();
     let ids = session_ids("session", n);
     let clock = Arc::new(ManualClock::new(0));
     let gate = Gate::with_clock(config.clone(), Fixed::HOT, clock.clone()).expect("valid config");
@@ -156,7 +156,7 @@ fn kvgate(n: usize) -> Stages {
 }
 
 fn naive(n: usize) -> Stages {
-    let config = Config::default();
+    let config = Config::reference();
     let ids = session_ids("session", n);
     let naive = NaiveGate::new(&config, Fixed::HOT);
     let base = live();

@@ -63,7 +63,7 @@ fn open_path_single_thread(c: &mut Criterion) {
     let ids = session_ids("session", POOL);
     let hot = &ids[0];
 
-    let kv = gate(Fixed::OPEN, Config::default());
+    let kv = gate(Fixed::OPEN, Config::reference());
     g.bench_function("kvgate/hot", |b| {
         b.iter(|| gate_cycle(&kv, hot, Reason::Open))
     });
@@ -75,7 +75,7 @@ fn open_path_single_thread(c: &mut Criterion) {
         })
     });
 
-    let naive = NaiveGate::new(&Config::default(), Fixed::OPEN);
+    let naive = NaiveGate::new(&Config::reference(), Fixed::OPEN);
     g.bench_function("naive/hot", |b| {
         b.iter(|| naive_cycle(&naive, hot, Reason::Open))
     });
@@ -95,7 +95,7 @@ fn open_path_single_thread(c: &mut Criterion) {
     });
 
     // The sans-IO core alone: no clock read, no parker (the time is given).
-    let core = Core::new(Config::default()).expect("valid config");
+    let core = Core::new(Config::reference()).expect("valid config");
     let mut now = 0u64;
     g.bench_function("core/hot", |b| {
         b.iter(|| {
@@ -133,8 +133,8 @@ fn parallel(threads: usize, iters: u64, op: impl Fn(usize, u64) + Sync) -> Durat
 fn open_path_threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("open_mt");
     let ids = session_ids("session", POOL);
-    let kv = gate(Fixed::OPEN, Config::default());
-    let naive = NaiveGate::new(&Config::default(), Fixed::OPEN);
+    let kv = gate(Fixed::OPEN, Config::reference());
+    let naive = NaiveGate::new(&Config::reference(), Fixed::OPEN);
     // Each thread cycles through its own slice of the pool, so attempts of
     // one session never overlap (which would preempt one another).
     let mine = |t: usize, threads: usize, k: u64| {
@@ -195,7 +195,7 @@ fn open_path_threads(c: &mut Criterion) {
     // its one lock, on every call.
     let long_grace = Config {
         idle_grace: Duration::from_secs(3600),
-        ..Config::default()
+        ..Config::reference()
     };
     let kv_w = Gate::new(long_grace.clone(), Split).expect("valid config");
     let naive_w = NaiveGate::new(&long_grace, Split);
@@ -252,12 +252,12 @@ fn pressure_paths(c: &mut Criterion) {
 
     // reserved_session: the session holds a grace window; every turn goes
     // straight in without a prefix probe and renews the window on release.
-    let kv = gate(Fixed::HOT, Config::default());
+    let kv = gate(Fixed::HOT, Config::reference());
     gate_cycle(&kv, session, Reason::ResidentPrefix);
     g.bench_function("reserved_session/kvgate", |b| {
         b.iter(|| gate_cycle(&kv, session, Reason::ReservedSession))
     });
-    let naive = NaiveGate::new(&Config::default(), Fixed::HOT);
+    let naive = NaiveGate::new(&Config::reference(), Fixed::HOT);
     naive_cycle(&naive, session, Reason::ResidentPrefix);
     g.bench_function("reserved_session/naive", |b| {
         b.iter(|| naive_cycle(&naive, session, Reason::ReservedSession))
@@ -281,7 +281,7 @@ fn pressure_paths(c: &mut Criterion) {
     // and is admitted because it is resident.
     let no_grace = Config {
         idle_grace: Duration::ZERO,
-        ..Config::default()
+        ..Config::reference()
     };
     let kv = gate(Fixed::HOT, no_grace.clone());
     g.bench_function("resident_prefix/kvgate", |b| {
@@ -330,7 +330,7 @@ fn stats_under_load(c: &mut Criterion) {
     let ids = std::sync::Arc::new(session_ids("session", POOL));
     let slice = POOL / 8;
 
-    let kv = gate(Fixed::OPEN, Config::default());
+    let kv = gate(Fixed::OPEN, Config::reference());
     let load = {
         let (kv, ids) = (kv.clone(), ids.clone());
         Load::start(8, move |t, k| {
@@ -340,7 +340,7 @@ fn stats_under_load(c: &mut Criterion) {
     g.bench_function("kvgate", |b| b.iter(|| black_box(kv.stats())));
     load.stop();
 
-    let naive = std::sync::Arc::new(NaiveGate::new(&Config::default(), Fixed::OPEN));
+    let naive = std::sync::Arc::new(NaiveGate::new(&Config::reference(), Fixed::OPEN));
     let load = {
         let (naive, ids) = (naive.clone(), ids.clone());
         Load::start(8, move |t, k| {

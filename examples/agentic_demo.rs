@@ -317,7 +317,7 @@ fn main() {
     let config = Config {
         wait_poll: Duration::from_millis(50),
         idle_grace: Duration::from_millis(200),
-        ..Config::default()
+        ..Config::reference()
     };
     let engine = Arc::new(Engine(Mutex::new(Pool {
         capacity: args.capacity,

@@ -20,7 +20,7 @@ impl Probe for Engine {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = Config {
         idle_grace: Duration::from_secs(30),
-        ..Config::default()
+        ..Config::reference()
     };
     let gate = Gate::new(config, Engine)?; // validated, never clamped
     let mut prompt: Vec<u32> = vec![7; 4096];

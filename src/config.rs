@@ -7,7 +7,7 @@ use std::time::Duration;
 /// How the gate decides under pressure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub enum Admission {
+pub enum AdmissionMode {
     /// Working-set admission (`core::working_set`): sessions are admitted
     /// while their prefix-cache footprints fit the engine's KV capacity,
     /// in FIFO order, and keep their place between turns for a window
@@ -19,20 +19,20 @@ pub enum Admission {
     Reference,
 }
 
-impl Admission {
+impl AdmissionMode {
     /// The mode's name, as the C ABI and the configuration files spell it.
     pub fn as_str(self) -> &'static str {
         match self {
-            Admission::WorkingSet => "working_set",
-            Admission::Reference => "reference",
+            AdmissionMode::WorkingSet => "working_set",
+            AdmissionMode::Reference => "reference",
         }
     }
 
-    /// Parses [`Admission::as_str`]'s names.
+    /// Parses [`AdmissionMode::as_str`]'s names.
     pub fn parse(name: &str) -> Result<Self, ConfigError> {
         match name {
-            "working_set" | "working-set" => Ok(Admission::WorkingSet),
-            "reference" => Ok(Admission::Reference),
+            "working_set" | "working-set" => Ok(AdmissionMode::WorkingSet),
+            "reference" => Ok(AdmissionMode::Reference),
             other => Err(ConfigError {
                 field: "admission",
                 value: other.to_string(),
@@ -46,7 +46,7 @@ impl Admission {
 ///
 /// Defaults: working-set admission; the other figures are the reference
 /// implementation's (watermark 0.85, hit threshold 0.80, poll 5 s, idle
-/// grace 60 s), used by [`Admission::Reference`] (watermark, hit threshold,
+/// grace 60 s), used by [`AdmissionMode::Reference`] (watermark, hit threshold,
 /// idle grace) and by both modes (poll, retention). Unlike the reference, values
 /// are validated by [`Config::validate`] (called by every constructor) and
 /// never clamped: a poll interval below 5 s is allowed, a NaN watermark is
@@ -54,7 +54,7 @@ impl Admission {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// How the gate decides under pressure.
-    pub admission: Admission,
+    pub admission: AdmissionMode,
     /// KV-cache usage (0..=1) at or above which the gate is under pressure.
     /// `usage == high_watermark` counts as pressure.
     pub high_watermark: f64,
@@ -76,7 +76,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            admission: Admission::WorkingSet,
+            admission: AdmissionMode::WorkingSet,
             high_watermark: 0.85,
             hit_threshold: 0.80,
             wait_poll: Duration::from_secs(5),
@@ -118,7 +118,7 @@ impl Config {
     /// and its defaults.
     pub fn reference() -> Self {
         Self {
-            admission: Admission::Reference,
+            admission: AdmissionMode::Reference,
             ..Self::default()
         }
     }
@@ -201,9 +201,9 @@ mod tests {
 
     #[test]
     fn defaults_are_the_reference_ones_and_valid() {
-        assert_eq!(Config::default().admission, Admission::WorkingSet);
+        assert_eq!(Config::default().admission, AdmissionMode::WorkingSet);
         let c = Config::reference();
-        assert_eq!(c.admission, Admission::Reference);
+        assert_eq!(c.admission, AdmissionMode::Reference);
         assert_eq!(c.high_watermark, 0.85);
         assert_eq!(c.hit_threshold, 0.80);
         assert_eq!(c.wait_poll, Duration::from_secs(5));
@@ -264,10 +264,10 @@ mod tests {
 
     #[test]
     fn admission_names_round_trip_and_others_are_refused() {
-        for a in [Admission::WorkingSet, Admission::Reference] {
-            assert_eq!(Admission::parse(a.as_str()), Ok(a));
+        for a in [AdmissionMode::WorkingSet, AdmissionMode::Reference] {
+            assert_eq!(AdmissionMode::parse(a.as_str()), Ok(a));
         }
-        assert_eq!(Admission::parse("fifo").unwrap_err().field, "admission");
+        assert_eq!(AdmissionMode::parse("fifo").unwrap_err().field, "admission");
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::error::AcquireError;
 use crate::lease::Lease;
 use crate::parker::{Parker, ParkerHandle};
 use crate::probe::Probe;
+use crate::TurnReport;
 use crate::sync::Arc;
 use crate::watch::DeadlineWatch;
 
@@ -23,8 +24,8 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn release(&self, token: LeaseToken) {
-        self.core.release(token, self.clock.now_ns());
+    pub(crate) fn release(&self, token: LeaseToken, report: TurnReport) {
+        self.core.release_with(token, report, self.clock.now_ns());
     }
 }
 
@@ -160,8 +161,9 @@ impl Gate {
             // Our own driver answers each step once, in order.
             let next = match step.expect("the blocking driver answers what was asked") {
                 Step::ProbeUsage => {
-                    let raw = shared.probe.kv_cache_usage(session);
-                    attempt.on_usage(raw, clock.now_ns())
+                    let usage = shared.probe.kv_cache_usage(session);
+                    let capacity = shared.probe.kv_cache_capacity(session);
+                    attempt.on_cache_state(usage, capacity, clock.now_ns())
                 }
                 Step::ProbePrefix => {
                     let raw = shared.probe.prefix_hit_ratio(session, prompt);

@@ -5,7 +5,7 @@ use std::fmt;
 use crate::core::{Admission, LeaseToken};
 use crate::gate::Shared;
 use crate::sync::Arc;
-use crate::Reason;
+use crate::{Reason, TurnReport};
 
 /// Permission for one turn of a session to run on the engine.
 ///
@@ -60,9 +60,19 @@ impl Lease {
         self.release_now();
     }
 
+    /// Releases the lease now with what the engine reported of the turn
+    /// (its cached prompt tokens, vLLM's `num_cached_tokens`, and its
+    /// output): working-set admission learns from it. Plain
+    /// [`Lease::release`] (or a drop) reports nothing, which is always valid.
+    pub fn release_with(mut self, report: TurnReport) {
+        if let Some(token) = self.token.take() {
+            self.shared.release(token, report);
+        }
+    }
+
     fn release_now(&mut self) {
         if let Some(token) = self.token.take() {
-            self.shared.release(token);
+            self.shared.release(token, TurnReport::default());
         }
     }
 }

@@ -29,7 +29,7 @@
 //!     fn prefix_hit_ratio(&self, _session: &[u8], _prompt: &[u32]) -> Option<f64> { None }
 //! }
 //!
-//! let gate = Gate::new(Config::default(), Engine).unwrap();
+//! let gate = Gate::new(Config::reference(), Engine).unwrap();
 //! let lease = gate.acquire(b"agent-7", &[1, 2, 3]).unwrap();
 //! assert_eq!(lease.reason(), Reason::Open);
 //! // ... run the turn on the engine ...
@@ -55,11 +55,12 @@ mod sync;
 mod watch;
 
 pub use crate::clock::{Clock, ManualClock, MonotonicClock};
-pub use crate::config::{Config, ConfigError};
+pub use crate::config::{AdmissionMode, Config, ConfigError};
 pub use crate::core::{GateStats, Reason, ReservationState, SessionStats};
 pub use crate::error::AcquireError;
 pub use crate::gate::Gate;
 pub use crate::lease::Lease;
+pub use crate::core::working_set::{EngineCapacity, TurnReport};
 pub use crate::probe::{Probe, ProbeAnswer};
 
 #[cfg(test)]

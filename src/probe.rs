@@ -1,5 +1,7 @@
 //! The engine probes the gate asks before admitting a turn under pressure.
 
+pub use crate::core::working_set::EngineCapacity;
+
 /// Answers the gate's two questions about the engine.
 ///
 /// In production both are RPCs to the engine (vLLM UTILITY calls): they may
@@ -16,6 +18,17 @@ pub trait Probe: Send + Sync {
     /// Fraction of `prompt` whose KV blocks are resident in the prefix cache
     /// of the replica serving `session` (longest cached prefix / prompt length).
     fn prefix_hit_ratio(&self, session: &[u8], prompt: &[u32]) -> Option<f64>;
+
+    /// The KV capacity of the replica serving `session`: tokens
+    /// (`num_gpu_blocks × block_size`), block size, and the prefill
+    /// throughput the engine measured (0 for any it does not know).
+    /// Working-set admission asks it with every usage probe; without it,
+    /// the capacity is estimated from usage answers. Reference mode
+    /// ignores it. The default says nothing.
+    fn kv_cache_capacity(&self, session: &[u8]) -> Option<EngineCapacity> {
+        let _ = session;
+        None
+    }
 }
 
 impl<P: Probe + ?Sized> Probe for std::sync::Arc<P> {
@@ -25,6 +38,10 @@ impl<P: Probe + ?Sized> Probe for std::sync::Arc<P> {
 
     fn prefix_hit_ratio(&self, session: &[u8], prompt: &[u32]) -> Option<f64> {
         (**self).prefix_hit_ratio(session, prompt)
+    }
+
+    fn kv_cache_capacity(&self, session: &[u8]) -> Option<EngineCapacity> {
+        (**self).kv_cache_capacity(session)
     }
 }
 

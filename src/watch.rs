@@ -114,7 +114,7 @@ mod tests {
     fn one_sleeper_takes_the_duty_and_gives_it_up_when_it_stops_sleeping() {
         let core = Core::new(Config {
             idle_grace: std::time::Duration::from_secs(5),
-            ..Config::default()
+            ..Config::reference()
         })
         .unwrap();
         let watch = DeadlineWatch::new();

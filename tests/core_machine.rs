@@ -37,7 +37,7 @@ fn core(poll_s: u64, grace_s: u64) -> Core {
         wait_poll: Duration::from_secs(poll_s),
         idle_grace: Duration::from_secs(grace_s),
         session_retention: Duration::from_secs(1000),
-        ..Config::default()
+        ..Config::reference()
     })
     .unwrap()
 }
@@ -464,7 +464,7 @@ fn idle_records_are_retired_after_the_retention_period() {
     let core = Core::new(Config {
         session_retention: Duration::from_secs(10),
         idle_grace: Duration::from_secs(2),
-        ..Config::default()
+        ..Config::reference()
     })
     .unwrap();
     core.release(open_lease(&core, "open", 0), SEC);
@@ -486,7 +486,7 @@ fn a_hundred_thousand_windows_expire_and_leave_nothing_behind() {
     let core = Core::new(Config {
         idle_grace: Duration::from_secs(60),
         session_retention: Duration::from_secs(60),
-        ..Config::default()
+        ..Config::reference()
     })
     .unwrap();
     for i in 0..100_000u64 {
@@ -586,7 +586,7 @@ fn a_window_over_before_a_retaining_decision_counts_as_expired() {
 fn forgetful_core() -> Core {
     Core::new(Config {
         session_retention: Duration::ZERO,
-        ..Config::default()
+        ..Config::reference()
     })
     .unwrap()
 }

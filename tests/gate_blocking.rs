@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use kvgate::{AcquireError, Config, Gate, Lease, ManualClock, Probe, Reason, ReservationState};
+use kvgate::{AcquireError, AdmissionMode, Config, Gate, Lease, ManualClock, Probe, Reason, ReservationState};
 
 // ---------------------------------------------------------------------------
 // Knobs
@@ -40,6 +40,7 @@ const COLD: f64 = 0.10;
 
 fn config() -> Config {
     Config {
+        admission: AdmissionMode::Reference,
         high_watermark: 0.85,
         hit_threshold: 0.80,
         wait_poll: POLL,

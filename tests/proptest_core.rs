@@ -161,6 +161,7 @@ fn config() -> impl Strategy<Value = Config> {
         prop::sample::select(&[3u64, 10][..]),
     )
         .prop_map(|(grace, poll)| Config {
+            admission: kvgate::AdmissionMode::Reference,
             high_watermark: WATERMARK,
             hit_threshold: THRESHOLD,
             wait_poll: Duration::from_secs(poll),

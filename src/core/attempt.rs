@@ -29,6 +29,8 @@ use super::decision::{decide, Decision, Facts, Reason};
 use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
 use super::waiters::{Enqueued, Notify, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
+use super::ledger::SessionId;
+use super::working_set::{EngineCapacity, Verdict};
 use super::Core;
 use crate::error::AcquireError;
 use crate::probe::ProbeAnswer;
@@ -116,6 +118,14 @@ pub struct LeaseToken {
     admission: Admission,
     /// The ownership window this lease holds, if it retains the session.
     window: Option<u64>,
+    turn: Turn,
+}
+
+/// What a release tells the working set about the turn.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Turn {
+    pub(crate) prompt_len: usize,
+    pub(crate) admitted_at: u64,
 }
 
 impl fmt::Debug for LeaseToken {
@@ -138,16 +148,22 @@ impl LeaseToken {
         &self.key.bytes
     }
 
-    pub(crate) fn new(key: SessionKey, admission: Admission, window: Option<u64>) -> Self {
+    pub(crate) fn new(
+        key: SessionKey,
+        admission: Admission,
+        window: Option<u64>,
+        turn: Turn,
+    ) -> Self {
         Self {
             key,
             admission,
             window,
+            turn,
         }
     }
 
-    pub(crate) fn into_parts(self) -> (SessionKey, Admission, Option<u64>) {
-        (self.key, self.admission, self.window)
+    pub(crate) fn into_parts(self) -> (SessionKey, Admission, Option<u64>, Turn) {
+        (self.key, self.admission, self.window, self.turn)
     }
 }
 
@@ -247,8 +263,21 @@ impl<C: Deref<Target = Core>> Attempt<C> {
 
     /// Feeds the usage probe's raw answer, received at `now`.
     pub fn on_usage(&mut self, raw: Option<f64>, now: u64) -> Result<Step, StepError> {
+        self.on_cache_state(raw, None, now)
+    }
+
+    /// Feeds the answers to `Step::ProbeUsage`: the raw usage and, when
+    /// the engine tells it, its capacity (working-set admission needs it;
+    /// reference mode ignores it), received at `now`.
+    pub fn on_cache_state(
+        &mut self,
+        usage: Option<f64>,
+        capacity: Option<EngineCapacity>,
+        now: u64,
+    ) -> Result<Step, StepError> {
         self.machine.expect(Phase::AwaitUsage, "on_usage", now)?;
-        Ok(self.machine.on_usage(&self.core, raw, now))
+        self.machine.capacity = capacity;
+        Ok(self.machine.on_usage(&self.core, usage, now))
     }
 
     /// Feeds the prefix probe's raw answer, received at `now`.
@@ -317,6 +346,8 @@ struct Machine {
     waited: bool,
     /// A capacity event was handed to this attempt and not used yet.
     holding_event: bool,
+    /// The engine's capacity, as answered in this pass.
+    capacity: Option<EngineCapacity>,
 }
 
 const NO_FACTS: Facts = Facts {
@@ -346,6 +377,7 @@ impl Machine {
             poll_deadline: None,
             waited: false,
             holding_event: false,
+            capacity: None,
         }
     }
 
@@ -449,7 +481,17 @@ impl Machine {
             "an attempt whose fate is open is its session's pending one"
         );
         self.facts.reserved = record.reservation.held_at(now);
-        match decide(core.thresholds, self.facts) {
+        let (decision, grants) = match core.ledger() {
+            None => (decide(core.thresholds, self.facts), Vec::new()),
+            Some(ledger) => {
+                let usage = self.facts.usage.and_then(ProbeAnswer::value);
+                let id = SessionId::of(&self.key);
+                let (verdict, grants) =
+                    ledger.request(&id, self.prompt_len, usage, self.capacity, now);
+                (working_set_decision(verdict), grants)
+            }
+        };
+        let step = match decision {
             Decision::Admit(reason) => {
                 let wait_ns = now.saturating_sub(self.started);
                 let grant = Grant {
@@ -461,8 +503,9 @@ impl Machine {
                     core.grant(record, ids, index, &shard.counters, grant, now);
                 drop(guard);
                 self.phase = Phase::Done;
-                if self.holding_event {
-                    // Admitted on an event: capacity may remain, let the next one look.
+                if self.holding_event && core.ledger().is_none() {
+                    // Admitted on an event: capacity may remain, let the next
+                    // one look. (The working set hands its grants over itself.)
                     core.pass_on_event();
                 }
                 Step::Admitted(LeaseToken::new(
@@ -474,9 +517,13 @@ impl Machine {
                         waited: self.waited,
                         usage: self.facts.usage.and_then(ProbeAnswer::value),
                         hit_ratio: self.facts.prefix.and_then(ProbeAnswer::value),
-                        retain_session: window.is_some(),
+                        retain_session: window.is_some() || core.ledger().is_some(),
                     },
                     window,
+                    Turn {
+                        prompt_len: self.prompt_len,
+                        admitted_at: now,
+                    },
                 ))
             }
             Decision::AskPrefix => {
@@ -489,7 +536,9 @@ impl Machine {
                 self.sleep(core, now)
             }
             Decision::AskUsage => unreachable!("every pass is decided after its usage answer"),
-        }
+        };
+        core.hand_over(grants);
+        step
     }
 
     fn sleep(&mut self, core: &Core, now: u64) -> Step {
@@ -500,7 +549,10 @@ impl Machine {
         }
         let epoch = self.pass_epoch;
         let enqueued = core.waiters.enqueue(&self.slot, || {
-            core.epoch() != epoch || core.is_closed() || self.slot.fate() != ACTIVE
+            core.epoch() != epoch
+                || core.is_closed()
+                || self.slot.fate() != ACTIVE
+                || self.slot.wake.load(Ordering::SeqCst) & WAKE_EVENT != 0
         });
         match enqueued {
             Enqueued::LookAgain => self.new_pass(core, now),
@@ -554,10 +606,21 @@ impl Machine {
         }
         let waited = self.waited.then(|| now.saturating_sub(self.started));
         core.end_attempt(&self.key, &self.slot, err, waited, now);
-        if std::mem::take(&mut self.holding_event) {
+        if std::mem::take(&mut self.holding_event) && core.ledger().is_none() {
             core.pass_on_event();
         }
         Step::Failed(err)
+    }
+}
+
+/// The working set's verdict as a step of the decision.
+fn working_set_decision(verdict: Verdict) -> Decision {
+    match verdict {
+        Verdict::Member => Decision::Admit(Reason::ReservedSession),
+        Verdict::Fits => Decision::Admit(Reason::FitsWorkingSet),
+        Verdict::Empty => Decision::Admit(Reason::EmptyWorkingSet),
+        Verdict::WaitBound => Decision::Admit(Reason::WaitBound),
+        Verdict::Wait => Decision::Wait,
     }
 }
 

@@ -15,7 +15,7 @@
 //! struct NoWake;
 //! impl Notify for NoWake { fn notify(&self) {} }
 //!
-//! let core = Core::new(Config::default()).unwrap();
+//! let core = Core::new(Config::reference()).unwrap();
 //! let mut attempt = core.begin(b"session-1", 1000, 0, None, Box::new(NoWake)).unwrap();
 //! assert!(matches!(attempt.start(&core, 0), Step::ProbeUsage));
 //! // The engine says the cache is at 40%: admitted "open".
@@ -26,6 +26,7 @@
 
 mod attempt;
 pub(crate) mod decision;
+mod ledger;
 pub(crate) mod sessions;
 pub(crate) mod stats;
 pub(crate) mod timers;
@@ -40,7 +41,9 @@ pub use decision::Reason;
 pub use stats::{GateStats, ReservationState, SessionStats};
 pub use waiters::Notify;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{AdmissionMode, Config, ConfigError};
+use ledger::{Grants, Ledger, SessionId};
+use working_set::{Tuning, TurnReport, WorkingSet, WorkingSetStats};
 use crate::error::AcquireError;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use decision::Thresholds;
@@ -67,6 +70,8 @@ pub fn default_shard_count() -> usize {
 /// The gate's shared state, driven through [`Attempt`]s.
 pub struct Core {
     thresholds: Thresholds,
+    /// The working set, in working-set admission; `None` in reference mode.
+    ledger: Option<Ledger>,
     config: Config,
     poll_ns: u64,
     grace_ns: u64,
@@ -109,7 +114,10 @@ impl Core {
                 expected: "a power of two from 1 to 65536",
             });
         }
+        let ledger = (config.admission == AdmissionMode::WorkingSet)
+            .then(|| Ledger::new(WorkingSet::new(Tuning::default())));
         Ok(Self {
+            ledger,
             thresholds: Thresholds {
                 high_watermark: config.high_watermark,
                 hit_threshold: config.hit_threshold,
@@ -211,7 +219,10 @@ impl Core {
         now: u64,
     ) -> (u64, Option<u64>) {
         let bits = self.table.shard_bits();
-        let window = grant.reason.retains_session().then(|| {
+        // In working-set admission the ledger holds the session's place; the
+        // record's reservation (the reference's window) is not used.
+        let retains = grant.reason.retains_session() && self.ledger.is_none();
+        let window = retains.then(|| {
             let admitted = record.reservation.admit(now, || ids.mint(index, bits));
             if let Some(until) = admitted.expired {
                 // Over before this decision but not purged yet (the pass
@@ -265,6 +276,10 @@ impl Core {
         if let Some(wait_ns) = waited {
             count_wait(None, c, wait_ns);
         }
+        // The session's place in the working-set queue goes with its last
+        // attempt; a preempted one leaves it to its successor.
+        let mut withdraw = !matches!(err, AcquireError::Preempted);
+        let mut forget = false;
         if let Some(record) = record {
             let mine = record
                 .pending
@@ -275,6 +290,8 @@ impl Core {
                 // gauge handed over) by its successor.
                 record.pending = None;
                 c.pending_attempts.sub_locked(1);
+            } else {
+                withdraw = false;
             }
             match err {
                 AcquireError::TimedOut => bump(&mut record.counters.timed_out),
@@ -288,7 +305,21 @@ impl Core {
             record.last_activity = now;
             if self.settle(record, now, c) {
                 map.remove(key);
+                forget = true;
             }
+        }
+        drop(map);
+        if let Some(ledger) = &self.ledger {
+            let id = SessionId::of(key);
+            let mut grants = if withdraw {
+                ledger.withdraw(&id, now)
+            } else {
+                Vec::new()
+            };
+            if forget {
+                grants.extend(ledger.forget(&id, now));
+            }
+            self.hand_over(grants);
         }
     }
 
@@ -297,8 +328,16 @@ impl Core {
     /// Releasing the session's last retaining lease turns its reservation
     /// into an idle grace window ending at `now + idle_grace`.
     pub fn release(&self, lease: LeaseToken, now: u64) {
-        let (key, admission, window) = lease.into_parts();
+        self.release_with(lease, TurnReport::default(), now);
+    }
+
+    /// [`Core::release`] with what the engine reported of the turn (its
+    /// cached prompt tokens, its output): working-set admission learns the
+    /// shared prefix, the members' misses and the prefill rate from it.
+    pub fn release_with(&self, lease: LeaseToken, report: TurnReport, now: u64) {
+        let (key, admission, window, turn) = lease.into_parts();
         let (index, shard) = self.shard_of(&key);
+        let mut forget = false;
         {
             let mut map = shard.lock();
             if let Some(record) = map.get_mut(&key) {
@@ -315,12 +354,23 @@ impl Core {
                 debug_assert_eq!(admission.lease_id & self.shard_mask(), index as u64);
                 if self.settle(record, now, &shard.counters) {
                     map.remove(&key);
+                    forget = true;
                 }
             } else {
                 debug_assert!(false, "a record with a live lease is never dropped");
             }
         }
-        self.capacity_event();
+        match &self.ledger {
+            None => self.capacity_event(),
+            Some(ledger) => {
+                let id = SessionId::of(&key);
+                let mut grants = ledger.release(&id, turn.prompt_len, report, turn.admitted_at, now);
+                if forget {
+                    grants.extend(ledger.forget(&id, now));
+                }
+                self.hand_over(grants);
+            }
+        }
     }
 
     /// Ends `session`'s ownership window (and forgets the session once it
@@ -356,8 +406,16 @@ impl Core {
         // Unlike the reference (which notifies on every finish), finishing a
         // session the gate does not track frees nothing, so it wakes nobody:
         // a waiter woken for it would only re-probe the engine for nothing.
-        if last.is_some() {
-            self.capacity_event();
+        match &self.ledger {
+            None if last.is_some() => self.capacity_event(),
+            None => {}
+            Some(ledger) => {
+                let id = SessionId {
+                    hash,
+                    bytes: session.into(),
+                };
+                self.hand_over(ledger.finish(&id, now));
+            }
         }
         last
     }
@@ -412,7 +470,10 @@ impl Core {
     /// nudged to ask again. Retirements (memory only) are not included: any
     /// later call fires them.
     pub fn next_deadline(&self) -> Option<u64> {
-        let earliest = self.grace_timers.earliest();
+        let earliest = match &self.ledger {
+            None => self.grace_timers.earliest(),
+            Some(ledger) => ledger.deadline(),
+        };
         (earliest != NEVER).then_some(earliest)
     }
 
@@ -420,6 +481,11 @@ impl Core {
     /// point; hosts need not call it, but may (e.g. before scraping stats,
     /// or a driver with no sleeping attempt at [`Core::next_deadline`]).
     pub fn purge(&self, now: u64) {
+        if let Some(ledger) = &self.ledger {
+            if now >= ledger.deadline() {
+                self.hand_over(ledger.purge(now));
+            }
+        }
         if now < self.grace_timers.earliest() && now < self.retire_timers.earliest() {
             return; // the fast path: nothing due
         }
@@ -465,6 +531,10 @@ impl Core {
             if self.settle(record, now, &shard.counters) {
                 let key = record.key.clone();
                 map.remove(&key);
+                drop(map);
+                if let Some(ledger) = &self.ledger {
+                    self.hand_over(ledger.forget(&SessionId::of(&key), now));
+                }
             }
         }
         if expired {
@@ -513,6 +583,32 @@ impl Core {
 
     fn shard_of_hash(&self, hash: u64) -> &sessions::Shard {
         self.table.shard(self.table.shard_index(hash))
+    }
+
+    /// Wakes the attempts of the sessions a working-set change let in,
+    /// each with an event, so that their next pass collects the grant. A
+    /// session with no attempt waiting keeps its grant for the next one.
+    fn hand_over(&self, grants: Grants) {
+        for (id, _) in grants {
+            let shard = self.shard_of_hash(id.hash);
+            let pending = {
+                let mut map = shard.lock();
+                map.find_mut(id.hash, &id.bytes)
+                    .and_then(|record| record.pending.clone())
+            };
+            if let Some(slot) = pending {
+                self.waiters.hand_event(&slot);
+            }
+        }
+    }
+
+    /// The working set's figures, in working-set admission.
+    pub fn working_set_stats(&self) -> Option<WorkingSetStats> {
+        self.ledger.as_ref().map(Ledger::stats)
+    }
+
+    pub(crate) fn ledger(&self) -> Option<&Ledger> {
+        self.ledger.as_ref()
     }
 
     fn epoch(&self) -> u64 {

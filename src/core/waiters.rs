@@ -225,6 +225,18 @@ impl Waiters {
     }
 
     /// Wakes every sleeper to re-check everything (close, clock moved).
+    /// Hands an event to `slot` itself (a working-set grant): taken out of
+    /// the queue if it sleeps there; if it is not asleep yet, the event bit
+    /// makes its `enqueue` look again (both under the queue's lock).
+    pub(crate) fn hand_event(&self, slot: &Slot) {
+        let mut q = self.queue.lock();
+        let ticket = slot.ticket.load(Ordering::SeqCst);
+        if ticket != 0 {
+            self.remove(&mut q, ticket);
+        }
+        slot.signal_event();
+    }
+
     pub(crate) fn wake_all(&self) {
         let q = self.queue.lock();
         for slot in q.fifo.values() {

@@ -14,7 +14,7 @@ use std::sync::Arc as StdArc;
 use std::time::Duration;
 
 use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
-use kvgate::{AcquireError, Config, Gate, ManualClock, Probe};
+use kvgate::{AcquireError, AdmissionMode, Config, Gate, ManualClock, Probe};
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::{Arc, Condvar, Mutex};
 
@@ -58,6 +58,7 @@ where
 /// poll and a grace long enough that only an explicit clock move reaches them.
 pub fn config() -> Config {
     Config {
+        admission: AdmissionMode::Reference,
         high_watermark: 0.85,
         hit_threshold: 0.80,
         wait_poll: Duration::from_secs(100),

@@ -1,0 +1,155 @@
+//! The working set as the core shares it: one lock around the
+//! [`WorkingSet`] bookkeeping, its next deadline readable without the lock,
+//! and the grants each change hands over.
+//!
+//! Lock order: a shard lock may be held when the ledger's is taken (an
+//! attempt decides under its session's shard lock), never the other way
+//! round; grants are handed over after the ledger's lock is dropped.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc as StdArc;
+
+use super::timers::NEVER;
+use super::working_set::{EngineCapacity, TurnReport, Verdict, WorkingSet, WorkingSetStats};
+use crate::sync::{AtomicU64, Mutex, Ordering};
+
+/// A session as the ledger knows it: by its id's bytes (not by its record,
+/// which retention may drop and recreate while the session is still in the
+/// working set), with the table's precomputed hash.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionId {
+    pub(crate) hash: u64,
+    pub(crate) bytes: StdArc<[u8]>,
+}
+
+impl SessionId {
+    pub(crate) fn of(key: &super::sessions::SessionKey) -> Self {
+        Self {
+            hash: key.hash,
+            bytes: key.bytes.clone(),
+        }
+    }
+}
+
+impl PartialEq for SessionId {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash
+            && (StdArc::ptr_eq(&self.bytes, &other.bytes) || self.bytes == other.bytes)
+    }
+}
+
+impl Eq for SessionId {}
+
+impl Hash for SessionId {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// Sessions let in by a change, to be woken by their session's record.
+pub(crate) type Grants = Vec<(SessionId, Verdict)>;
+
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    set: Mutex<WorkingSet<SessionId>>,
+    /// `WorkingSet::next_deadline` as of the last change, or [`NEVER`].
+    deadline: AtomicU64,
+}
+
+impl Ledger {
+    pub(crate) fn new(set: WorkingSet<SessionId>) -> Self {
+        Self {
+            set: Mutex::new(set),
+            deadline: AtomicU64::new(NEVER),
+        }
+    }
+
+    /// Runs `change`, then lets in whoever may now enter and publishes the
+    /// next deadline. Returns `change`'s result and the grants.
+    fn change<R>(
+        &self,
+        now: u64,
+        change: impl FnOnce(&mut WorkingSet<SessionId>) -> R,
+    ) -> (R, Grants) {
+        let mut set = self.set.lock();
+        let result = change(&mut set);
+        let mut grants = Vec::new();
+        set.admit_waiting(now, &mut grants);
+        self.deadline
+            .store(set.next_deadline().unwrap_or(NEVER), Ordering::SeqCst);
+        (result, grants)
+    }
+
+    /// An attempt's turn asks to be admitted; the engine's answers of this
+    /// pass come with it.
+    pub(crate) fn request(
+        &self,
+        id: &SessionId,
+        prompt_len: usize,
+        usage: Option<f64>,
+        capacity: Option<EngineCapacity>,
+        now: u64,
+    ) -> (Verdict, Grants) {
+        self.change(now, |set| {
+            if let Some(capacity) = capacity {
+                set.set_engine(capacity);
+            }
+            if let Some(usage) = usage {
+                set.observe_usage(usage);
+            }
+            set.request(id, prompt_len as u64, now)
+        })
+    }
+
+    /// A turn admitted at `admitted_at` ended.
+    pub(crate) fn release(
+        &self,
+        id: &SessionId,
+        prompt_len: usize,
+        report: TurnReport,
+        admitted_at: u64,
+        now: u64,
+    ) -> Grants {
+        self.change(now, |set| {
+            set.release(id, prompt_len as u64, report, admitted_at, now)
+        })
+        .1
+    }
+
+    /// The session's waiting attempt is gone.
+    pub(crate) fn withdraw(&self, id: &SessionId, now: u64) -> Grants {
+        self.change(now, |set| set.withdraw(id)).1
+    }
+
+    /// The session ended.
+    pub(crate) fn finish(&self, id: &SessionId, now: u64) -> Grants {
+        self.change(now, |set| set.finish(id, now)).1
+    }
+
+    /// The core no longer tracks the session: forget what was learned of it.
+    pub(crate) fn forget(&self, id: &SessionId, now: u64) -> Grants {
+        self.change(now, |set| {
+            if !set.is_member(id) && !set.is_waiting(id) {
+                set.forget(id, now);
+            }
+        })
+        .1
+    }
+
+    /// Fires what is due at `now` (window ends, the wait bound).
+    pub(crate) fn purge(&self, now: u64) -> Grants {
+        if now < self.deadline.load(Ordering::SeqCst) {
+            return Vec::new();
+        }
+        self.change(now, |set| set.expire(now)).1
+    }
+
+    /// The earliest time the working set changes by itself, or [`NEVER`].
+    pub(crate) fn deadline(&self) -> u64 {
+        self.deadline.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn stats(&self) -> WorkingSetStats {
+        self.set.lock().stats()
+    }
+}
