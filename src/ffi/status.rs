@@ -114,13 +114,9 @@ pub enum kvgate_reason {
     KVGATE_REASON_RESIDENT_PREFIX = 3,
 }
 
-/// Number of `kvgate_reason` values; the length of
-/// `kvgate_stats.admissions_by_reason`.
-pub const KVGATE_REASON_COUNT: usize = 4;
-
 impl kvgate_reason {
     /// Every reason, in value order.
-    pub(crate) const ALL: [kvgate_reason; KVGATE_REASON_COUNT] = [
+    pub(crate) const ALL: [kvgate_reason; 4] = [
         Self::KVGATE_REASON_OPEN,
         Self::KVGATE_REASON_RESERVED_SESSION,
         Self::KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE,
