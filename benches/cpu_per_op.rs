@@ -1,6 +1,6 @@
 //! The open path at 1 and 8 threads, as wall time *and* CPU time per
-//! operation, over several rounds (min and median), kvgate next to the naive
-//! baseline.
+//! operation, over several rounds (min and median), kvgate (Rust `Gate`, and
+//! through the C ABI: `c_abi`) next to the naive baseline.
 //!
 //! Why next to criterion's `open_mt`: on a shared machine, wall time per
 //! operation mixes the gate's own cost with how many cores other processes
@@ -62,6 +62,7 @@ fn main() {
     let ids = session_ids("session", POOL);
     let kv = Gate::new(Config::reference(), Fixed::OPEN).expect("valid config");
     let naive = NaiveGate::new(&Config::reference(), Fixed::OPEN);
+    let c_gate = common::c_abi::CGate::open();
     println!("open path, wall and CPU time per operation ({rounds} rounds: min / median)");
     let mut json = Vec::new();
     for threads in [1, 8] {
@@ -71,9 +72,11 @@ fn main() {
         let naive_op = |t: usize, k: u64| {
             naive_cycle(&naive, &ids[t * slice + k as usize % slice], Reason::Open)
         };
-        let designs: [(&str, Op<'_>); 2] = [("kvgate", &kv_op), ("naive", &naive_op)];
-        // Rounds alternate between the designs, so both see the same machine.
-        let mut figures = vec![(Vec::new(), Vec::new()); 2];
+        let c_op = |t: usize, k: u64| c_gate.cycle(&ids[t * slice + k as usize % slice]);
+        let designs: [(&str, Op<'_>); 3] =
+            [("kvgate", &kv_op), ("c_abi", &c_op), ("naive", &naive_op)];
+        // Rounds alternate between the designs, so all see the same machine.
+        let mut figures = vec![(Vec::new(), Vec::new()); designs.len()];
         for _ in 0..rounds {
             for (d, (_, op)) in designs.iter().enumerate() {
                 let (wall, cpu) = round(threads, per_round / threads as u64, *op);

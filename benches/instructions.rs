@@ -28,7 +28,7 @@ const WARM_UP: u64 = 5_000;
 const POOL: usize = 4096;
 
 /// The scenarios, in report order: (name, what the ratio is taken against).
-const SCENARIOS: [(&str, Option<&str>); 14] = [
+const SCENARIOS: [(&str, Option<&str>); 15] = [
     ("floor/atomic_increment", None),
     ("floor/mutex_lock_parking_lot", None),
     ("floor/clock_read", None),
@@ -37,6 +37,7 @@ const SCENARIOS: [(&str, Option<&str>); 14] = [
     ("open_1t/kvgate/hot", Some("open_1t/naive/hot")),
     ("open_1t/kvgate/distinct", Some("open_1t/naive/distinct")),
     ("open_1t/core/hot", Some("open_1t/naive/hot")),
+    ("open_1t/c_abi/hot", Some("open_1t/naive/hot")),
     ("pressure/reserved_session/naive", None),
     (
         "pressure/reserved_session/kvgate",
@@ -91,6 +92,10 @@ fn run(name: &str, iters: u64) {
         "open_1t/core/hot" => {
             let core = Core::new(Config::reference()).unwrap();
             Box::new(move |k| core_cycle(&core, &ids[0], k + 1))
+        }
+        "open_1t/c_abi/hot" => {
+            let gate = common::c_abi::CGate::open();
+            Box::new(move |_| gate.cycle(&ids[0]))
         }
         "open_1t/naive/hot" => {
             let naive = NaiveGate::new(&Config::reference(), Fixed::OPEN);

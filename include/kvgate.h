@@ -56,12 +56,6 @@
 #define KVGATE_VERSION_PATCH 0
 
 /**
- * Number of `kvgate_reason` values; the length of
- * `kvgate_stats.admissions_by_reason`.
- */
-#define KVGATE_REASON_COUNT 4
-
-/**
  * A lease handle no admission ever has: lease handles start above 0, so 0
  * can mark "no lease" in host data structures.
  */
@@ -180,7 +174,8 @@ typedef uint32_t kvgate_reason;
 #endif // __cplusplus
 
 /**
- * A configuration under construction (opaque; a `Box` of the Rust `Config`).
+ * A configuration under construction (opaque; a `Box` of the Rust
+ * `Config` and the host's probes).
  *
  * Made by `kvgate_config_new`, changed by the `kvgate_config_set_*`
  * functions, read (not consumed) by `kvgate_new`, freed by
@@ -234,31 +229,6 @@ typedef bool (*kvgate_prefix_fn)(void *user_data,
                                  double *out_hit_ratio);
 
 /**
- * The host's two probes, passed by value to `kvgate_new`.
- *
- * A NULL function pointer means that probe is always unavailable (both
- * NULL: every turn is admitted `KVGATE_REASON_OPEN`). `user_data` is
- * passed, unchanged, as the first argument of every call; the library never
- * reads, frees or copies what it points to. It must stay valid, and be safe
- * to use from several threads at once, until `kvgate_free` on the gate has
- * returned: after that no probe is called again.
- */
-typedef struct kvgate_probes {
-    /**
-     * The usage probe, or NULL.
-     */
-    kvgate_usage_fn usage;
-    /**
-     * The prefix probe, or NULL.
-     */
-    kvgate_prefix_fn prefix;
-    /**
-     * Passed to both probes; may be NULL.
-     */
-    void *user_data;
-} kvgate_probes;
-
-/**
  * What `kvgate_acquire` admitted.
  *
  * This struct never changes layout: new figures come with new functions.
@@ -303,9 +273,14 @@ typedef struct kvgate_admission {
 /**
  * One session's figures (`kvgate_get_session_stats`, `kvgate_finish_session`).
  *
- * This struct never changes layout: new figures come with new functions.
+ * Size-prefixed like `kvgate_stats`: pass `sizeof(kvgate_session_stats)`;
+ * new figures are only ever appended.
  */
 typedef struct kvgate_session_stats {
+    /**
+     * Bytes of this struct the library wrote (set by the library).
+     */
+    size_t size;
     /**
      * Attempts of this session preempted by a newer attempt (admission
      * preemptions only, never the engine's). High means retries, not
@@ -375,17 +350,37 @@ typedef struct kvgate_session_stats {
  * Gate-wide figures (`kvgate_get_stats`). Counters only grow; gauges are
  * marked. Each figure is exact; the set is not one atomic instant.
  *
- * This struct never changes layout: new figures come with new functions.
+ * Size-prefixed: the caller passes `sizeof(kvgate_stats)` as it knows it,
+ * and the library writes that many bytes at most, `size` first. New
+ * figures (a new admission reason's count, say) are only ever appended, so
+ * a host built against an older header gets the fields it knows, and one
+ * built against a newer header reads `size` to see which were written.
  */
 typedef struct kvgate_stats {
     /**
-     * Admissions per reason, indexed by `kvgate_reason`.
+     * Bytes of this struct the library wrote (set by the library).
      */
-    uint64_t admissions_by_reason[KVGATE_REASON_COUNT];
+    size_t size;
     /**
-     * All admissions (the sum of `admissions_by_reason`).
+     * All admissions (the sum of the `admissions_*` per reason below).
      */
     uint64_t admissions;
+    /**
+     * Admissions `KVGATE_REASON_OPEN`.
+     */
+    uint64_t admissions_open;
+    /**
+     * Admissions `KVGATE_REASON_RESERVED_SESSION`.
+     */
+    uint64_t admissions_reserved_session;
+    /**
+     * Admissions `KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE`.
+     */
+    uint64_t admissions_prefix_probe_unavailable;
+    /**
+     * Admissions `KVGATE_REASON_RESIDENT_PREFIX`.
+     */
+    uint64_t admissions_resident_prefix;
     /**
      * Attempts begun (every `kvgate_acquire` not refused as closed or invalid).
      */
@@ -610,45 +605,79 @@ kvgate_status kvgate_config_set_idle_grace_sec(struct kvgate_config *config, dou
 kvgate_status kvgate_config_set_session_retention_sec(struct kvgate_config *config, double seconds);
 
 /**
- * Creates a gate with the builder's configuration and the host's probes.
+ * Sets the host's probes, which `kvgate_new` copies into the gate. By
+ * default both are NULL (always unavailable: every turn is admitted
+ * `KVGATE_REASON_OPEN`).
+ *
+ * A NULL function pointer means that probe is always unavailable.
+ * `user_data` is passed, unchanged, as the first argument of every probe
+ * call; the library never reads, frees or copies what it points to. It
+ * must stay valid, and be safe to use from several threads at once, until
+ * `kvgate_free` on the gate has returned: after that no probe is called
+ * again.
+ *
+ * How probes grow: each is set on this builder, never through a struct, so
+ * a later probe (the engine's KV capacity, say) comes with its own setter
+ * and no layout a host compiled against changes; a host that never calls a
+ * new setter gets that probe's "unavailable".
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` for a NULL `config`.
+ *
+ * # Safety
+ * `config` is NULL or a live builder not used by another thread meanwhile;
+ * the probes obey the contracts of `kvgate_usage_fn` and `kvgate_prefix_fn`.
+ */
+kvgate_status kvgate_config_set_probes(struct kvgate_config *config,
+                                       kvgate_usage_fn usage,
+                                       kvgate_prefix_fn prefix,
+                                       void *user_data);
+
+/**
+ * Creates a gate with the builder's configuration and probes
+ * (`kvgate_config_set_probes`).
  *
  * `config` is copied, not consumed: free it when convenient. On
  * `KVGATE_OK`, `*out` is a new gate that the caller owns and must free
  * once with `kvgate_free`. The library spawns no thread: probes run on the
- * threads that call `kvgate_acquire`. See `kvgate_probes` for what the
- * probes and `user_data` must guarantee.
+ * threads that call `kvgate_acquire`. See `kvgate_config_set_probes` for
+ * what the probes and `user_data` must guarantee.
  *
  * Returns `KVGATE_INVALID_ARGUMENT` for a NULL `config` or `out`.
  *
  * # Safety
  * `config` is NULL or a live builder not being changed meanwhile; `out`
- * is NULL or writable; the probes obey `kvgate_probes`' contract.
+ * is NULL or writable.
  */
-kvgate_status kvgate_new(const struct kvgate_config *config,
-                         struct kvgate_probes probes,
-                         struct kvgate_gate **out);
+kvgate_status kvgate_new(const struct kvgate_config *config, struct kvgate_gate **out);
 
 /**
  * Closes the gate and frees it. NULL is a no-op.
  *
- * Safe while leases are outstanding and while other threads are blocked in
- * `kvgate_acquire` on this gate: those wake and return `KVGATE_CLOSED`.
- * `kvgate_free` returns only after every `kvgate_acquire` in progress on
- * other threads has returned (an attempt inside a probe callback finishes
- * that callback first), so afterwards no probe is called again and
- * `user_data` may be freed. Every lease still outstanding is released; its
- * handle becomes invalid.
+ * What may overlap `kvgate_free`, exactly:
+ * - a `kvgate_acquire` on this gate that has *entered* the gate: its
+ *   thread is inside one of this gate's probe callbacks for that call, or
+ *   it is counted in `pending_attempts` (`kvgate_get_stats`), e.g. it is
+ *   waiting. It wakes (or, inside a probe, returns once the probe
+ *   returns) with `KVGATE_CLOSED`, and `kvgate_free` returns only after
+ *   every such call on another thread has returned, so afterwards no probe
+ *   is called again and `user_data` may be freed;
+ * - `kvgate_free` called from inside a probe callback of this gate: it
+ *   does not wait for its own thread's `kvgate_acquire`, which returns
+ *   `KVGATE_CLOSED` once the callback returns.
  *
- * Called from inside a probe callback of this gate, it does not wait for
- * the calling thread's own `kvgate_acquire`, which returns
- * `KVGATE_CLOSED` once the callback returns.
+ * Nothing else may: no other call on this gate may be in progress or begin
+ * once `kvgate_free` has begun, and that includes a `kvgate_acquire` made
+ * at about the same time, which may not have entered the gate yet (the
+ * handle is invalid memory then). The robust shutdown is the usual one for
+ * a C object: `kvgate_close` (thread-safe at any time: every waiting
+ * attempt returns `KVGATE_CLOSED`, new ones are refused), then make sure
+ * your threads have stopped calling (join them), then `kvgate_free`.
+ *
+ * Leases still outstanding are released; their handles become invalid.
  *
  * # Safety
- * `gate` is NULL or a gate from `kvgate_new` not freed yet. Apart from
- * `kvgate_acquire` calls already in progress (and calls their probe
- * callbacks make), no other call on this gate may be in progress or start
- * once `kvgate_free` has begun (a host bug, as with any C API): the handle
- * is invalid afterwards.
+ * `gate` is NULL or a gate from `kvgate_new` not freed yet, and only the
+ * calls listed above overlap this one.
  */
 void kvgate_free(struct kvgate_gate *gate);
 
@@ -723,18 +752,21 @@ kvgate_status kvgate_release(struct kvgate_gate *gate, uint64_t lease);
  * `kvgate_cancel_session`).
  *
  * If `out_final` is not NULL, the session's final figures are written to it
- * (taken atomically with the finish). Returns `KVGATE_NOT_FOUND` if the
+ * (taken atomically with the finish), at most `out_final_size` bytes as
+ * `kvgate_get_session_stats` does (pass `sizeof *out_final`). Returns `KVGATE_NOT_FOUND` if the
  * session is not tracked (never seen, already finished, or retired).
  * Thread-safe.
  *
  * # Safety
  * `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
- * `session_id_len` bytes if not NULL; `out_final` is NULL or writable.
+ * `session_id_len` bytes if not NULL; `out_final` is NULL or has
+ * `out_final_size` writable bytes.
  */
 kvgate_status kvgate_finish_session(struct kvgate_gate *gate,
                                     const uint8_t *session_id,
                                     size_t session_id_len,
-                                    struct kvgate_session_stats *out_final);
+                                    struct kvgate_session_stats *out_final,
+                                    size_t out_final_size);
 
 /**
  * Cancels the session's attempt that is waiting for admission (a session
@@ -756,16 +788,20 @@ kvgate_status kvgate_cancel_session(struct kvgate_gate *gate,
 
 /**
  * Writes the gate-wide figures to `*out` (due grace expiries are fired
- * first). Returns `KVGATE_INVALID_ARGUMENT` for a NULL `gate` or `out`.
+ * first): at most `out_size` bytes, `out->size` first (see
+ * `kvgate_stats`). Pass `sizeof *out`. Returns `KVGATE_INVALID_ARGUMENT`
+ * for a NULL `gate` or `out`, or an `out_size` smaller than a `size_t`.
  * Thread-safe.
  *
  * # Safety
- * `gate` is NULL or a live gate (see `kvgate_free`); `out` is NULL or writable.
+ * `gate` is NULL or a live gate (see `kvgate_free`); `out` is NULL or has
+ * `out_size` writable bytes.
  */
-kvgate_status kvgate_get_stats(struct kvgate_gate *gate, struct kvgate_stats *out);
+kvgate_status kvgate_get_stats(struct kvgate_gate *gate, struct kvgate_stats *out, size_t out_size);
 
 /**
- * Writes one session's figures to `*out`. Returns `KVGATE_NOT_FOUND` if the
+ * Writes one session's figures to `*out` (at most `out_size` bytes, as
+ * `kvgate_get_stats` does; pass `sizeof *out`). Returns `KVGATE_NOT_FOUND` if the
  * session is not tracked (never seen, finished, or retired after
  * `session_retention_sec` idle), `KVGATE_INVALID_ARGUMENT` for a NULL
  * `gate` or `out` or a NULL `session_id` with a non-zero length.
@@ -773,12 +809,14 @@ kvgate_status kvgate_get_stats(struct kvgate_gate *gate, struct kvgate_stats *ou
  *
  * # Safety
  * `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
- * `session_id_len` bytes if not NULL; `out` is NULL or writable.
+ * `session_id_len` bytes if not NULL; `out` is NULL or has `out_size`
+ * writable bytes.
  */
 kvgate_status kvgate_get_session_stats(struct kvgate_gate *gate,
                                        const uint8_t *session_id,
                                        size_t session_id_len,
-                                       struct kvgate_session_stats *out);
+                                       struct kvgate_session_stats *out,
+                                       size_t out_size);
 
 /**
  * Renders the gate-wide figures in Prometheus text exposition format

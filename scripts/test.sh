@@ -6,7 +6,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# rustup installs into ~/.cargo/bin, which a non-login shell may not have on PATH.
+if ! command -v cargo >/dev/null 2>&1; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
 step() { printf '\n==> %s\n' "$*"; }
+
+# A fresh machine: install what is missing (nothing, when all is there).
+step "scripts/ensure-tools.sh"
+./scripts/ensure-tools.sh
 
 step "cargo fmt --all --check"
 cargo fmt --all --check

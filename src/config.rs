@@ -88,6 +88,7 @@ impl Default for Config {
 
 /// Why a [`Config`] was refused.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ConfigError {
     /// The offending field, as named in [`Config`].
     pub field: &'static str,

@@ -7,6 +7,7 @@
 //! and "promptly" means well under the configured poll interval.
 
 use std::ffi::{c_void, CStr};
+use std::mem::size_of;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -67,12 +68,17 @@ impl Engine {
         self.hit.store(v.to_bits(), Ordering::SeqCst);
     }
 
-    fn probes(&self) -> kvgate_probes {
-        kvgate_probes {
-            usage: Some(usage_probe),
-            prefix: Some(prefix_probe),
-            user_data: (self as *const Engine).cast_mut().cast(),
-        }
+    /// Sets this engine's probes on `config`.
+    ///
+    /// # Safety
+    /// `config` is a live builder.
+    unsafe fn set_probes(&self, config: *mut kvgate_config) {
+        let user_data = (self as *const Engine).cast_mut().cast();
+        // SAFETY: a live builder (caller); the probes obey the header.
+        let status = unsafe {
+            kvgate_config_set_probes(config, Some(usage_probe), Some(prefix_probe), user_data)
+        };
+        assert_eq!(status, KVGATE_OK);
     }
 }
 
@@ -103,7 +109,13 @@ unsafe extern "C" fn usage_probe(
             let mut stats = std::mem::MaybeUninit::uninit();
             // SAFETY: a call made from a probe callback of an acquire in
             // progress: the header allows it even while kvgate_free runs.
-            let status = unsafe { kvgate_get_stats(gate as *mut kvgate_gate, stats.as_mut_ptr()) };
+            let status = unsafe {
+                kvgate_get_stats(
+                    gate as *mut kvgate_gate,
+                    stats.as_mut_ptr(),
+                    size_of::<kvgate_stats>(),
+                )
+            };
             e.nested_stats_status.store(status as u32, Ordering::SeqCst);
         }
     }
@@ -168,7 +180,8 @@ fn new_gate(engine: &Engine, idle_grace_sec: f64) -> GatePtr {
             kvgate_config_set_idle_grace_sec(config, idle_grace_sec),
             KVGATE_OK
         );
-        assert_eq!(kvgate_new(config, engine.probes(), &mut gate), KVGATE_OK);
+        engine.set_probes(config);
+        assert_eq!(kvgate_new(config, &mut gate), KVGATE_OK);
         kvgate_config_free(config);
     }
     assert!(!gate.is_null());
@@ -210,7 +223,7 @@ fn stats(gate: GatePtr) -> kvgate_stats {
     let mut out = std::mem::MaybeUninit::uninit();
     // SAFETY: a live gate and a writable out.
     assert_eq!(
-        unsafe { kvgate_get_stats(gate.0, out.as_mut_ptr()) },
+        unsafe { kvgate_get_stats(gate.0, out.as_mut_ptr(), size_of::<kvgate_stats>()) },
         KVGATE_OK
     );
     // SAFETY: written on KVGATE_OK.
@@ -221,7 +234,13 @@ fn session_stats(gate: GatePtr, session: &str) -> Result<kvgate_session_stats, k
     let mut out = std::mem::MaybeUninit::uninit();
     // SAFETY: a live gate, a live id, a writable out.
     let status = unsafe {
-        kvgate_get_session_stats(gate.0, session.as_ptr(), session.len(), out.as_mut_ptr())
+        kvgate_get_session_stats(
+            gate.0,
+            session.as_ptr(),
+            session.len(),
+            out.as_mut_ptr(),
+            size_of::<kvgate_session_stats>(),
+        )
     };
     // SAFETY: written on KVGATE_OK.
     (status == KVGATE_OK)
@@ -279,10 +298,8 @@ fn open_admission_release_and_double_release() {
     assert_eq!(release(gate, 0xdead_beef), KVGATE_UNKNOWN_LEASE);
     let s = stats(gate);
     assert_eq!((s.active_leases, s.releases, s.admissions), (0, 1, 1));
-    assert_eq!(
-        s.admissions_by_reason[kvgate_reason::KVGATE_REASON_OPEN as usize],
-        1
-    );
+    assert_eq!(s.admissions_open, 1);
+    assert_eq!(s.size, size_of::<kvgate_stats>());
     free(gate);
 }
 
@@ -396,7 +413,15 @@ fn cancel_finish_and_not_found() {
 
     let mut last = std::mem::MaybeUninit::<kvgate_session_stats>::uninit();
     // SAFETY: a live gate, id and out.
-    let status = unsafe { kvgate_finish_session(gate.0, s.as_ptr(), s.len(), last.as_mut_ptr()) };
+    let status = unsafe {
+        kvgate_finish_session(
+            gate.0,
+            s.as_ptr(),
+            s.len(),
+            last.as_mut_ptr(),
+            size_of::<kvgate_session_stats>(),
+        )
+    };
     assert_eq!(status, KVGATE_OK);
     // SAFETY: written on KVGATE_OK.
     let last = unsafe { last.assume_init() };
@@ -404,7 +429,7 @@ fn cancel_finish_and_not_found() {
     assert_eq!(session_stats(gate, s).unwrap_err(), KVGATE_NOT_FOUND);
     assert!(last_error().contains("is not tracked"), "{}", last_error());
     // SAFETY: as above; a NULL out_final is allowed.
-    let again = unsafe { kvgate_finish_session(gate.0, s.as_ptr(), s.len(), ptr::null_mut()) };
+    let again = unsafe { kvgate_finish_session(gate.0, s.as_ptr(), s.len(), ptr::null_mut(), 0) };
     assert_eq!(again, KVGATE_NOT_FOUND);
     free(gate);
 }
@@ -469,16 +494,26 @@ fn misuse_is_refused_with_a_message() {
         assert_eq!(kvgate_release(null_gate, 1), KVGATE_INVALID_ARGUMENT);
         assert_eq!(kvgate_close(null_gate), KVGATE_INVALID_ARGUMENT);
         assert_eq!(
-            kvgate_get_stats(gate.0, ptr::null_mut()),
+            kvgate_get_stats(gate.0, ptr::null_mut(), size_of::<kvgate_stats>()),
             KVGATE_INVALID_ARGUMENT
         );
         assert_eq!(
-            kvgate_get_stats(null_gate, &mut std::mem::zeroed()),
+            kvgate_get_stats(
+                null_gate,
+                &mut std::mem::zeroed(),
+                size_of::<kvgate_stats>()
+            ),
             KVGATE_INVALID_ARGUMENT
         );
         let mut ss = std::mem::zeroed();
         assert_eq!(
-            kvgate_get_session_stats(gate.0, ptr::null(), 2, &mut ss),
+            kvgate_get_session_stats(
+                gate.0,
+                ptr::null(),
+                2,
+                &mut ss,
+                size_of::<kvgate_session_stats>()
+            ),
             KVGATE_INVALID_ARGUMENT
         );
         assert_eq!(
@@ -486,21 +521,15 @@ fn misuse_is_refused_with_a_message() {
             KVGATE_INVALID_ARGUMENT
         );
         assert_eq!(
-            kvgate_finish_session(gate.0, ptr::null(), 1, ptr::null_mut()),
+            kvgate_finish_session(gate.0, ptr::null(), 1, ptr::null_mut(), 0),
             KVGATE_INVALID_ARGUMENT
         );
 
         let mut g = ptr::null_mut();
-        assert_eq!(
-            kvgate_new(ptr::null(), e.probes(), &mut g),
-            KVGATE_INVALID_ARGUMENT
-        );
+        assert_eq!(kvgate_new(ptr::null(), &mut g), KVGATE_INVALID_ARGUMENT);
         assert_eq!(last_error(), "kvgate_new: config is NULL");
         let config = kvgate_config_new();
-        assert_eq!(
-            kvgate_new(config, e.probes(), ptr::null_mut()),
-            KVGATE_INVALID_ARGUMENT
-        );
+        assert_eq!(kvgate_new(config, ptr::null_mut()), KVGATE_INVALID_ARGUMENT);
         assert_eq!(last_error(), "kvgate_new: out is NULL");
         kvgate_config_free(config);
         kvgate_free(ptr::null_mut()); // a no-op, like free(NULL)

@@ -110,3 +110,35 @@ fn header_spells_the_contract_names() {
     }
     assert!(Path::new(&root().join("cbindgen.toml")).exists());
 }
+
+/// Issue 10, bug 2: the header promised that `kvgate_free` was safe against
+/// acquires "already in progress", but one made on another thread that has
+/// not yet entered the gate reads freed memory. The fix is the contract:
+/// the header says exactly what may overlap `kvgate_free` and names the
+/// robust shutdown, and promises nothing about a call just made.
+#[test]
+fn header_kvgate_free_promises_only_what_the_code_keeps() {
+    let header = std::fs::read_to_string(root().join("include/kvgate.h")).unwrap();
+    let at = header
+        .find("void kvgate_free(")
+        .expect("kvgate_free is declared");
+    let doc_start = header[..at]
+        .rfind("/**")
+        .expect("kvgate_free is documented");
+    let doc = &header[doc_start..at];
+    assert!(
+        !doc.contains("already in progress"),
+        "kvgate_free must not promise safety for calls merely in progress:\n{doc}"
+    );
+    for needed in [
+        "has *entered* the gate",
+        "may not have entered the gate yet",
+        "`kvgate_close`",
+        "join them",
+    ] {
+        assert!(
+            doc.contains(needed),
+            "kvgate_free's doc lacks {needed:?}:\n{doc}"
+        );
+    }
+}

@@ -32,12 +32,16 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     builder.check(f);
 }
 
-fn new_gate(probes: kvgate_probes) -> GatePtr {
+fn new_gate(usage: kvgate_usage_fn, prefix: kvgate_prefix_fn, user_data: *mut c_void) -> GatePtr {
     let config = kvgate_config_new();
     let mut gate = ptr::null_mut();
     // SAFETY: a live builder and a writable out-pointer; probes obey the contract.
     unsafe {
-        assert_eq!(kvgate_new(config, probes, &mut gate), KVGATE_OK);
+        assert_eq!(
+            kvgate_config_set_probes(config, usage, prefix, user_data),
+            KVGATE_OK
+        );
+        assert_eq!(kvgate_new(config, &mut gate), KVGATE_OK);
         kvgate_config_free(config);
     }
     GatePtr(gate)
@@ -66,12 +70,7 @@ fn acquire(gate: GatePtr, session: &[u8]) -> Result<kvgate_admission, kvgate_sta
 #[test]
 fn two_threads_releasing_one_handle_release_it_once() {
     model(|| {
-        let no_probes = kvgate_probes {
-            usage: None,
-            prefix: None,
-            user_data: ptr::null_mut(),
-        };
-        let gate = new_gate(no_probes);
+        let gate = new_gate(None, None, ptr::null_mut());
         let lease = acquire(gate, b"s").expect("admitted open").lease;
         let releasers: Vec<_> = (0..2)
             .map(|_| {
@@ -87,7 +86,14 @@ fn two_threads_releasing_one_handle_release_it_once() {
         let mut stats = std::mem::MaybeUninit::<kvgate_stats>::uninit();
         // SAFETY: a live gate and a writable out; read only on KVGATE_OK.
         let stats = unsafe {
-            assert_eq!(kvgate_get_stats(gate.0, stats.as_mut_ptr()), KVGATE_OK);
+            assert_eq!(
+                kvgate_get_stats(
+                    gate.0,
+                    stats.as_mut_ptr(),
+                    std::mem::size_of::<kvgate_stats>()
+                ),
+                KVGATE_OK
+            );
             stats.assume_init()
         };
         assert_eq!((stats.releases, stats.active_leases), (1, 0));
@@ -151,11 +157,7 @@ fn free_racing_a_probing_or_waiting_acquire() {
             in_probe: AtomicUsize::new(0),
             calls: AtomicUsize::new(0),
         }));
-        let gate = new_gate(kvgate_probes {
-            usage: Some(busy),
-            prefix: Some(cold),
-            user_data: (engine as *mut Engine).cast(),
-        });
+        let gate = new_gate(Some(busy), Some(cold), (engine as *mut Engine).cast());
         let acquirer = thread::spawn(move || acquire(gate, b"cold"));
         // The header's rule: free must not race with the *start* of a call.
         while !engine.started.load(Ordering::SeqCst) {

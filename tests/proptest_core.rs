@@ -779,27 +779,28 @@ impl Model {
     /// A session's figures as the core reports them when observed at time
     /// `at` (the checks observe at time 0, see `check`).
     fn session_stats_of(r: &MSession, at: u64) -> SessionStats {
-        SessionStats {
-            num_preempted: r.c.preempted,
-            attempts: r.c.attempts,
-            admissions: r.c.admissions,
-            waits: r.c.waits,
-            wait_time: Duration::from_nanos(r.c.wait_ns),
-            timed_out: r.c.timed_out,
-            cancelled: r.c.cancelled,
-            active_leases: r.active_leases,
-            attempt_pending: r.pending.is_some(),
-            reservation: match r.res {
-                Res::None => ReservationState::None,
-                Res::InFlight { holders, .. } => ReservationState::InFlight { leases: holders },
-                Res::Grace { until, .. } if until <= at => ReservationState::None,
-                Res::Grace { until, .. } => ReservationState::Grace {
-                    remaining: Duration::from_nanos(until - at),
-                },
+        // Built from Default: the struct is `#[non_exhaustive]`.
+        let mut s = SessionStats::default();
+        s.num_preempted = r.c.preempted;
+        s.attempts = r.c.attempts;
+        s.admissions = r.c.admissions;
+        s.waits = r.c.waits;
+        s.wait_time = Duration::from_nanos(r.c.wait_ns);
+        s.timed_out = r.c.timed_out;
+        s.cancelled = r.c.cancelled;
+        s.active_leases = r.active_leases;
+        s.attempt_pending = r.pending.is_some();
+        s.reservation = match r.res {
+            Res::None => ReservationState::None,
+            Res::InFlight { holders, .. } => ReservationState::InFlight { leases: holders },
+            Res::Grace { until, .. } if until <= at => ReservationState::None,
+            Res::Grace { until, .. } => ReservationState::Grace {
+                remaining: Duration::from_nanos(until - at),
             },
-            last_admitted_prompt_len: r.last_prompt_len,
-            idle_for: Duration::from_nanos(at.saturating_sub(r.last_activity)),
-        }
+        };
+        s.last_admitted_prompt_len = r.last_prompt_len;
+        s.idle_for = Duration::from_nanos(at.saturating_sub(r.last_activity));
+        s
     }
 
     fn expected_gate_stats(&self) -> GateStats {
@@ -1233,7 +1234,7 @@ fn the_core_behaves_as_the_reference_model() {
         failure_persistence: Some(Box::new(
             proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
         )),
-        ..ProptestConfig::default()
+        ..ProptestConfig::reference()
     };
     let cases = config.cases;
     let strategy = (

@@ -203,3 +203,81 @@ pub fn core_cycle(core: &kvgate::core::Core, session: &[u8], now: u64) {
     };
     core.release(lease, now);
 }
+
+/// The open path through the C ABI: the probes are C callbacks, the gate a
+/// `kvgate_gate *`, an admission `kvgate_acquire` + `kvgate_release`: what a
+/// C host pays.
+pub mod c_abi {
+    use std::ffi::c_void;
+
+    use kvgate::ffi::kvgate_status::KVGATE_OK;
+    use kvgate::ffi::*;
+
+    unsafe extern "C" fn low_usage(
+        _user_data: *mut c_void,
+        _session: *const u8,
+        _len: usize,
+        out: *mut f64,
+    ) -> bool {
+        // SAFETY: the gate passes a writable out.
+        unsafe { *out = super::LOW_USAGE };
+        true
+    }
+
+    /// A `kvgate_gate *` (freed on drop) whose usage probe says "open".
+    pub struct CGate(*mut kvgate_gate);
+
+    // SAFETY: the header makes every call but `kvgate_free` thread-safe;
+    // `kvgate_free` runs in `Drop`, after every thread that used it ended.
+    unsafe impl Send for CGate {}
+    // SAFETY: as above.
+    unsafe impl Sync for CGate {}
+
+    impl CGate {
+        pub fn open() -> Self {
+            let mut gate = std::ptr::null_mut();
+            // SAFETY: a live builder, a writable out, a probe that obeys the header.
+            unsafe {
+                let config = kvgate_config_new();
+                assert_eq!(
+                    kvgate_config_set_probes(config, Some(low_usage), None, std::ptr::null_mut()),
+                    KVGATE_OK
+                );
+                assert_eq!(kvgate_new(config, &mut gate), KVGATE_OK);
+                kvgate_config_free(config);
+            }
+            Self(gate)
+        }
+
+        /// One acquire + release of `session`, admitted `open`.
+        pub fn cycle(&self, session: &[u8]) {
+            let mut out = std::mem::MaybeUninit::<kvgate_admission>::uninit();
+            let prompt = super::PROMPT;
+            // SAFETY: a live gate, live arrays with their lengths, a writable out.
+            let status = unsafe {
+                kvgate_acquire(
+                    self.0,
+                    session.as_ptr(),
+                    session.len(),
+                    prompt.as_ptr(),
+                    prompt.len(),
+                    -1,
+                    out.as_mut_ptr(),
+                )
+            };
+            assert_eq!(status, KVGATE_OK);
+            // SAFETY: written on KVGATE_OK; a live gate.
+            unsafe {
+                let lease = out.assume_init().lease;
+                assert_eq!(kvgate_release(self.0, lease), KVGATE_OK);
+            }
+        }
+    }
+
+    impl Drop for CGate {
+        fn drop(&mut self) {
+            // SAFETY: freed once, after every call on it returned.
+            unsafe { kvgate_free(self.0) };
+        }
+    }
+}

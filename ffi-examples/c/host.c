@@ -226,12 +226,12 @@ static void model_set(kv_model *m, size_t running, int s, size_t resident) {
 
 static kvgate_gate *new_gate(kv_model *m, double poll_sec, double grace_sec) {
     kvgate_config *config = kvgate_config_new();
-    kvgate_probes probes = {usage_probe, prefix_probe, m};
     kvgate_gate *gate = NULL;
     CHECK(config != NULL);
+    CHECK_STATUS(kvgate_config_set_probes(config, usage_probe, prefix_probe, m), KVGATE_OK);
     CHECK_STATUS(kvgate_config_set_wait_poll_sec(config, poll_sec), KVGATE_OK);
     CHECK_STATUS(kvgate_config_set_idle_grace_sec(config, grace_sec), KVGATE_OK);
-    CHECK_STATUS(kvgate_new(config, probes, &gate), KVGATE_OK);
+    CHECK_STATUS(kvgate_new(config, &gate), KVGATE_OK);
     kvgate_config_free(config); /* kvgate_new copied it */
     CHECK(gate != NULL);
     return gate;
@@ -247,15 +247,33 @@ static kvgate_status acquire(kvgate_gate *gate, const char *session, size_t prom
 
 static kvgate_stats stats(kvgate_gate *gate) {
     kvgate_stats s;
-    CHECK_STATUS(kvgate_get_stats(gate, &s), KVGATE_OK);
+    CHECK_STATUS(kvgate_get_stats(gate, &s, sizeof s), KVGATE_OK);
+    CHECK(s.size == sizeof s); /* built against this header: every field written */
     return s;
 }
 
 static kvgate_session_stats session_stats(kvgate_gate *gate, const char *session) {
     kvgate_session_stats s;
-    CHECK_STATUS(kvgate_get_session_stats(gate, (const uint8_t *)session, strlen(session), &s),
-                 KVGATE_OK);
+    CHECK_STATUS(
+        kvgate_get_session_stats(gate, (const uint8_t *)session, strlen(session), &s, sizeof s),
+        KVGATE_OK);
     return s;
+}
+
+/* Admissions for one reason (the stats struct names each; new reasons are
+   appended fields, so there is no array to size). */
+static uint64_t admissions_for(const kvgate_stats *s, kvgate_reason r) {
+    switch (r) {
+    case KVGATE_REASON_OPEN:
+        return s->admissions_open;
+    case KVGATE_REASON_RESERVED_SESSION:
+        return s->admissions_reserved_session;
+    case KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE:
+        return s->admissions_prefix_probe_unavailable;
+    case KVGATE_REASON_RESIDENT_PREFIX:
+        return s->admissions_resident_prefix;
+    }
+    return 0;
 }
 
 /* Polls until n attempts wait; one check, however many polls it takes. */
@@ -263,7 +281,7 @@ static void wait_for_waiting(kvgate_gate *gate, uint64_t n) {
     double start = now_sec();
     kvgate_stats s;
     for (;;) {
-        kvgate_status st = kvgate_get_stats(gate, &s);
+        kvgate_status st = kvgate_get_stats(gate, &s, sizeof s);
         if (st != KVGATE_OK) {
             CHECK_STATUS(st, KVGATE_OK); /* exits */
         }
@@ -400,10 +418,10 @@ static void scenarios(void) {
     /* Gate-wide figures. */
     s = stats(gate);
     CHECK(s.admissions == 6 && s.releases == 6 && s.active_leases == 0);
-    CHECK(s.admissions_by_reason[KVGATE_REASON_OPEN] == 2);
-    CHECK(s.admissions_by_reason[KVGATE_REASON_RESERVED_SESSION] == 1);
-    CHECK(s.admissions_by_reason[KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE] == 2);
-    CHECK(s.admissions_by_reason[KVGATE_REASON_RESIDENT_PREFIX] == 1);
+    CHECK(s.admissions_open == 2);
+    CHECK(s.admissions_reserved_session == 1);
+    CHECK(s.admissions_prefix_probe_unavailable == 2);
+    CHECK(s.admissions_resident_prefix == 1);
     CHECK(s.preempted == 1 && s.cancelled == 1 && s.timed_out == 1 && s.waits == 3);
     CHECK(s.pending_attempts == 0 && s.waiting_attempts == 0);
     CHECK(m.usage_calls > 0 && m.prefix_calls > 0);
@@ -431,7 +449,6 @@ static void scenarios(void) {
     /* Misuse is refused, with a message naming the argument. */
     {
         kvgate_config *config = kvgate_config_new();
-        kvgate_probes none = {NULL, NULL, NULL};
         kvgate_gate *other = NULL;
         CHECK_STATUS(acquire(NULL, "agent-0", 1, -1, &a), KVGATE_INVALID_ARGUMENT);
         CHECK_LAST_ERROR("kvgate_acquire: gate is NULL");
@@ -443,7 +460,13 @@ static void scenarios(void) {
         CHECK_STATUS(acquire(gate, "agent-0", 1, -1, NULL), KVGATE_INVALID_ARGUMENT);
         CHECK_LAST_ERROR("out is NULL");
         CHECK_STATUS(kvgate_release(NULL, 1), KVGATE_INVALID_ARGUMENT);
-        CHECK_STATUS(kvgate_get_stats(gate, NULL), KVGATE_INVALID_ARGUMENT);
+        CHECK_STATUS(kvgate_get_stats(gate, NULL, sizeof(kvgate_stats)), KVGATE_INVALID_ARGUMENT);
+        {
+            kvgate_stats s;
+            CHECK_STATUS(kvgate_get_stats(gate, &s, 2), KVGATE_INVALID_ARGUMENT);
+            CHECK_LAST_ERROR("out_size (2)");
+        }
+        CHECK_STATUS(kvgate_config_set_probes(NULL, NULL, NULL, NULL), KVGATE_INVALID_ARGUMENT);
         CHECK_STATUS(kvgate_close(NULL), KVGATE_INVALID_ARGUMENT);
         CHECK_STATUS(kvgate_config_set_high_watermark(NULL, 0.5), KVGATE_INVALID_ARGUMENT);
         CHECK_LAST_ERROR("config is NULL");
@@ -455,10 +478,10 @@ static void scenarios(void) {
         CHECK_STATUS(kvgate_config_set_hit_threshold(config, 1.5), KVGATE_INVALID_ARGUMENT);
         CHECK_STATUS(kvgate_config_set_session_retention_sec(config, INFINITY),
                      KVGATE_INVALID_ARGUMENT);
-        CHECK_STATUS(kvgate_new(NULL, none, &other), KVGATE_INVALID_ARGUMENT);
-        CHECK_STATUS(kvgate_new(config, none, NULL), KVGATE_INVALID_ARGUMENT);
-        /* A gate with no probes admits everything open. */
-        CHECK_STATUS(kvgate_new(config, none, &other), KVGATE_OK);
+        CHECK_STATUS(kvgate_new(NULL, &other), KVGATE_INVALID_ARGUMENT);
+        CHECK_STATUS(kvgate_new(config, NULL), KVGATE_INVALID_ARGUMENT);
+        /* A gate with no probes (none set) admits everything open. */
+        CHECK_STATUS(kvgate_new(config, &other), KVGATE_OK);
         CHECK_STATUS(acquire(other, "anyone", 0, -1, &a), KVGATE_OK);
         CHECK(a.reason == KVGATE_REASON_OPEN && isnan(a.usage));
         kvgate_free(other); /* releases the outstanding lease */
@@ -471,11 +494,12 @@ static void scenarios(void) {
     /* Finishing hands back the final figures; then the session is gone. */
     {
         kvgate_session_stats last;
-        CHECK_STATUS(kvgate_finish_session(gate, (const uint8_t *)"agent-5", 7, &last), KVGATE_OK);
+        CHECK_STATUS(kvgate_finish_session(gate, (const uint8_t *)"agent-5", 7, &last, sizeof last),
+                     KVGATE_OK);
         CHECK(last.num_preempted == 1 && last.cancelled == 1);
-        CHECK_STATUS(kvgate_finish_session(gate, (const uint8_t *)"agent-5", 7, NULL),
+        CHECK_STATUS(kvgate_finish_session(gate, (const uint8_t *)"agent-5", 7, NULL, 0),
                      KVGATE_NOT_FOUND);
-        CHECK_STATUS(kvgate_get_session_stats(gate, (const uint8_t *)"agent-5", 7, &ss),
+        CHECK_STATUS(kvgate_get_session_stats(gate, (const uint8_t *)"agent-5", 7, &ss, sizeof ss),
                      KVGATE_NOT_FOUND);
         CHECK_LAST_ERROR("is not tracked");
     }
@@ -498,12 +522,16 @@ static void scenarios(void) {
 #define TURNS 6
 #define AGENT_CAPACITY 4096
 
+/* The reasons this host was written for (KVGATE_REASON_OPEN ..
+   KVGATE_REASON_RESIDENT_PREFIX); the library may add more. */
+#define REASONS 4
+
 typedef struct {
     kvgate_gate *gate;
     kv_model *model;
     int index;
     char session[24];
-    unsigned long by_reason[KVGATE_REASON_COUNT];
+    unsigned long by_reason[REASONS];
     unsigned long waited;
     kvgate_status failure;
     pthread_t thread;
@@ -523,6 +551,7 @@ static void *agent_main(void *arg) {
             ag->failure = st;
             return NULL;
         }
+        CHECK(a.reason < REASONS); /* a newer library may add reasons; this host knows four */
         ag->by_reason[a.reason]++;
         ag->waited += a.waited ? 1 : 0;
         model_start(ag->model, prompt_len); /* the engine runs the turn */
@@ -542,7 +571,7 @@ static void agents(void) {
     kv_model m;
     kvgate_gate *gate;
     agent ags[AGENTS];
-    unsigned long by_reason[KVGATE_REASON_COUNT] = {0};
+    unsigned long by_reason[REASONS] = {0};
     unsigned long waited = 0;
     kvgate_stats s;
 
@@ -561,12 +590,12 @@ static void agents(void) {
         kvgate_session_stats last;
         CHECK(pthread_join(ags[i].thread, NULL) == 0);
         CHECK_STATUS(ags[i].failure, KVGATE_OK);
-        for (int r = 0; r < KVGATE_REASON_COUNT; r++) {
+        for (int r = 0; r < REASONS; r++) {
             by_reason[r] += ags[i].by_reason[r];
         }
         waited += ags[i].waited;
         CHECK_STATUS(kvgate_finish_session(gate, (const uint8_t *)ags[i].session,
-                                           strlen(ags[i].session), &last),
+                                           strlen(ags[i].session), &last, sizeof last),
                      KVGATE_OK);
         CHECK(last.admissions == TURNS && last.active_leases == 0 && last.num_preempted == 0);
     }
@@ -574,8 +603,8 @@ static void agents(void) {
     CHECK(s.admissions == AGENTS * TURNS && s.releases == AGENTS * TURNS);
     CHECK(s.active_leases == 0 && s.pending_attempts == 0 && s.reserved_in_flight == 0);
     CHECK(s.sessions_finished == AGENTS);
-    for (int r = 0; r < KVGATE_REASON_COUNT; r++) {
-        CHECK(s.admissions_by_reason[r] == by_reason[r]);
+    for (int r = 0; r < REASONS; r++) {
+        CHECK(admissions_for(&s, (kvgate_reason)r) == by_reason[r]);
     }
     CHECK(m.running == 0);
     printf("agents: %d sessions x %d turns admitted; open=%lu reserved_session=%lu "
@@ -604,6 +633,8 @@ static void free_with_a_waiter(void) {
     CHECK_STATUS(acquire(gate, "agent-7", 10, -1, &outstanding), KVGATE_OK); /* never released */
     model_set(m, PRESSURE, -1, 0);
     waiter_start(&w, gate, "agent-8", 100);
+    /* The header's rule: free may overlap only an acquire that has entered
+       the gate; one counted as waiting has. */
     wait_for_waiting(gate, 1);
     kvgate_free(gate);
     /* No probe runs after kvgate_free returned: the probes' data may go now,

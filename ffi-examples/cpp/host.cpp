@@ -204,11 +204,9 @@ void agents() {
     std::printf("agents: %d sessions x %d turns; open=%llu reserved_session=%llu "
                 "resident_prefix=%llu; %llu waited\n",
                 kAgents, kTurns,
-                static_cast<unsigned long long>(s.admissions_by_reason[KVGATE_REASON_OPEN]),
-                static_cast<unsigned long long>(
-                    s.admissions_by_reason[KVGATE_REASON_RESERVED_SESSION]),
-                static_cast<unsigned long long>(
-                    s.admissions_by_reason[KVGATE_REASON_RESIDENT_PREFIX]),
+                static_cast<unsigned long long>(s.admissions_open),
+                static_cast<unsigned long long>(s.admissions_reserved_session),
+                static_cast<unsigned long long>(s.admissions_resident_prefix),
                 static_cast<unsigned long long>(s.waits));
 }
 

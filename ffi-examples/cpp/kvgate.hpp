@@ -155,13 +155,17 @@ inline bool prefix_trampoline(void* user_data, const uint8_t* id, size_t id_len,
 class GateState {
 public:
     GateState(const Config& config, std::shared_ptr<Probes> probes) : probes_(std::move(probes)) {
-        kvgate_probes c{nullptr, nullptr, probes_.get()};
+        // Probes live on the C builder; this wrapper's Config stays probe-free,
+        // so they are set for kvgate_new (which copies them) and cleared again.
+        kvgate_config* builder = const_cast<kvgate_config*>(config.get());
         if (probes_) {
-            c.usage = usage_trampoline;
-            c.prefix = prefix_trampoline;
+            check(kvgate_config_set_probes(builder, usage_trampoline, prefix_trampoline,
+                                           probes_.get()));
         }
         kvgate_gate* raw = nullptr;
-        check(kvgate_new(config.get(), c, &raw));
+        kvgate_status status = kvgate_new(config.get(), &raw);
+        check(kvgate_config_set_probes(builder, nullptr, nullptr, nullptr));
+        check(status);
         raw_.reset(raw);
     }
     kvgate_gate* get() const noexcept { return raw_.get(); }
@@ -291,7 +295,7 @@ public:
 
     kvgate_stats stats() const {
         kvgate_stats out{};
-        detail::check(kvgate_get_stats(state_->get(), &out));
+        detail::check(kvgate_get_stats(state_->get(), &out, sizeof out));
         return out;
     }
 
@@ -313,12 +317,13 @@ public:
 
 private:
     using SessionFn = kvgate_status (*)(kvgate_gate*, const uint8_t*, size_t,
-                                        kvgate_session_stats*);
+                                        kvgate_session_stats*, size_t);
 
     std::optional<kvgate_session_stats> session_call(SessionFn fn,
                                                      std::string_view session) const {
         kvgate_session_stats out{};
-        kvgate_status status = fn(state_->get(), detail::bytes(session), session.size(), &out);
+        kvgate_status status =
+            fn(state_->get(), detail::bytes(session), session.size(), &out, sizeof out);
         if (status == KVGATE_NOT_FOUND) {
             return std::nullopt;
         }

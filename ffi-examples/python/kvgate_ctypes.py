@@ -63,7 +63,6 @@ class Reason(enum.IntEnum):
     RESIDENT_PREFIX = 3
 
 
-REASON_COUNT = 4
 NO_LEASE = 0
 
 
@@ -80,7 +79,11 @@ class Admission(Structure):
 
 
 class SessionStats(Structure):
+    """Size-prefixed: `size` is how many bytes the library wrote; fields are
+    only ever appended, so an older library leaves the newer ones at zero."""
+
     _fields_ = [
+        ("size", c_size_t),
         ("num_preempted", c_uint64),
         ("attempts", c_uint64),
         ("admissions", c_uint64),
@@ -100,10 +103,14 @@ class SessionStats(Structure):
 
 
 class Stats(Structure):
-    _fields_ = [("admissions_by_reason", c_uint64 * REASON_COUNT)] + [
+    """Size-prefixed like SessionStats."""
+
+    _fields_ = [("size", c_size_t)] + [
         (name, c_double if name == "wait_sec" else c_uint64)
         for name in (
-            "admissions attempts waits wait_sec preempted timed_out cancelled closed "
+            "admissions admissions_open admissions_reserved_session "
+            "admissions_prefix_probe_unavailable admissions_resident_prefix "
+            "attempts waits wait_sec preempted timed_out cancelled closed "
             "usage_probe_calls usage_probe_unavailable usage_probe_invalid "
             "prefix_probe_calls prefix_probe_unavailable prefix_probe_invalid "
             "grace_expired sessions_finished sessions_retired releases active_leases "
@@ -117,10 +124,6 @@ USAGE_FN = CFUNCTYPE(c_bool, c_void_p, POINTER(c_uint8), c_size_t, POINTER(c_dou
 PREFIX_FN = CFUNCTYPE(
     c_bool, c_void_p, POINTER(c_uint8), c_size_t, POINTER(c_uint32), c_size_t, POINTER(c_double)
 )
-
-
-class Probes(Structure):
-    _fields_ = [("usage", USAGE_FN), ("prefix", PREFIX_FN), ("user_data", c_void_p)]
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -138,7 +141,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "kvgate_config_set_wait_poll_sec": (status, [config_p, c_double]),
         "kvgate_config_set_idle_grace_sec": (status, [config_p, c_double]),
         "kvgate_config_set_session_retention_sec": (status, [config_p, c_double]),
-        "kvgate_new": (status, [config_p, Probes, POINTER(gate_p)]),
+        "kvgate_config_set_probes": (status, [config_p, USAGE_FN, PREFIX_FN, c_void_p]),
+        "kvgate_new": (status, [config_p, POINTER(gate_p)]),
         "kvgate_free": (None, [gate_p]),
         "kvgate_close": (status, [gate_p]),
         "kvgate_acquire": (
@@ -146,10 +150,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             [gate_p, u8_p, c_size_t, u32_p, c_size_t, c_int64, POINTER(Admission)],
         ),
         "kvgate_release": (status, [gate_p, c_uint64]),
-        "kvgate_finish_session": (status, [gate_p, u8_p, c_size_t, POINTER(SessionStats)]),
+        "kvgate_finish_session": (status, [gate_p, u8_p, c_size_t, POINTER(SessionStats), c_size_t]),
         "kvgate_cancel_session": (status, [gate_p, u8_p, c_size_t]),
-        "kvgate_get_stats": (status, [gate_p, POINTER(Stats)]),
-        "kvgate_get_session_stats": (status, [gate_p, u8_p, c_size_t, POINTER(SessionStats)]),
+        "kvgate_get_stats": (status, [gate_p, POINTER(Stats), c_size_t]),
+        "kvgate_get_session_stats": (status, [gate_p, u8_p, c_size_t, POINTER(SessionStats), c_size_t]),
         "kvgate_metrics_text": (status, [gate_p, ctypes.c_char_p, c_size_t, POINTER(c_size_t)]),
     }
     for name, (restype, argtypes) in signatures.items():
@@ -287,13 +291,17 @@ class Gate:
         self._lib = load()
         self._usage, self._prefix = usage, prefix
         # The CFUNCTYPE objects must outlive the gate: they are kept here.
-        self._probes = Probes(
+        self._probes = (
             USAGE_FN(self._usage_cb) if usage else USAGE_FN(),
             PREFIX_FN(self._prefix_cb) if prefix else PREFIX_FN(),
-            None,
         )
+        # Probes are set on the builder (a new probe is a new setter) and
+        # cleared again, so the Config stays reusable without them.
+        _check(self._lib.kvgate_config_set_probes(config._raw, *self._probes, None))
         raw = c_void_p()
-        _check(self._lib.kvgate_new(config._raw, self._probes, ctypes.byref(raw)))
+        status = self._lib.kvgate_new(config._raw, ctypes.byref(raw))
+        _check(self._lib.kvgate_config_set_probes(config._raw, USAGE_FN(), PREFIX_FN(), None))
+        _check(status)
         self._raw = raw
 
     def _usage_cb(self, _user_data, session, session_len, out) -> bool:
@@ -354,7 +362,7 @@ class Gate:
     def _session_call(self, fn, session: bytes) -> Optional[SessionStats]:
         sid, sid_len = _bytes(session)
         out = SessionStats()
-        status = fn(self._raw, sid, sid_len, ctypes.byref(out))
+        status = fn(self._raw, sid, sid_len, ctypes.byref(out), ctypes.sizeof(out))
         if status == Status.NOT_FOUND:
             return None
         _check(status)
@@ -362,7 +370,7 @@ class Gate:
 
     def stats(self) -> Stats:
         out = Stats()
-        _check(self._lib.kvgate_get_stats(self._raw, ctypes.byref(out)))
+        _check(self._lib.kvgate_get_stats(self._raw, ctypes.byref(out), ctypes.sizeof(out)))
         return out
 
     def metrics_text(self) -> str:

@@ -37,6 +37,9 @@ use crate::probe::ProbeAnswer;
 use crate::sync::{Arc, Ordering};
 
 /// What the driver of an attempt must do next.
+///
+/// Deliberately exhaustive: a new step (a new probe, say) must be handled by
+/// every driver, so adding one is meant to fail their build.
 #[derive(Debug)]
 #[must_use]
 pub enum Step {
@@ -91,6 +94,7 @@ impl std::error::Error for StepError {}
 
 /// What an admission looked like.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Admission {
     /// Gate-unique id of the lease.
     pub lease_id: u64,

@@ -19,6 +19,7 @@ use crate::probe::ProbeAnswer;
 /// Why an attempt was admitted: the four outcomes of the seed's table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
+#[non_exhaustive]
 pub enum Reason {
     /// KV usage was below the high watermark, or the usage probe was unavailable.
     Open = 0,

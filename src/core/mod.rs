@@ -17,9 +17,9 @@
 //!
 //! let core = Core::new(Config::reference()).unwrap();
 //! let mut attempt = core.begin(b"session-1", 1000, 0, None, Box::new(NoWake)).unwrap();
-//! assert!(matches!(attempt.start(&core, 0), Step::ProbeUsage));
+//! assert!(matches!(attempt.start(0), Ok(Step::ProbeUsage)));
 //! // The engine says the cache is at 40%: admitted "open".
-//! let Step::Admitted(lease) = attempt.on_usage(&core, Some(0.40), 1) else { panic!() };
+//! let Ok(Step::Admitted(lease)) = attempt.on_usage(Some(0.40), 1) else { panic!() };
 //! assert_eq!(lease.admission().reason.as_str(), "open");
 //! core.release(lease, 2);
 //! ```

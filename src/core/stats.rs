@@ -150,6 +150,7 @@ impl ShardCounters {
 
 /// A snapshot of the gate's figures. Counters only grow; gauges are marked.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct GateStats {
     /// Admissions per [`Reason`], indexed by `Reason as usize`.
     pub admissions_by_reason: [u64; Reason::ALL.len()],
@@ -369,9 +370,10 @@ impl GateStats {
 }
 
 /// A session's reservation, as reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ReservationState {
     /// The session owns no reservation.
+    #[default]
     None,
     /// Held by in-flight requests: `leases` retaining leases are out.
     InFlight {
@@ -385,8 +387,10 @@ pub enum ReservationState {
     },
 }
 
-/// A snapshot of one session's figures.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A snapshot of one session's figures. Grows (new figures are new
+/// fields): build one from `Default` if you must.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SessionStats {
     /// Attempts of this session preempted by a newer attempt (admission
     /// preemptions only; the engine's own preemptions are not mixed in).

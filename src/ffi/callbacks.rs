@@ -44,31 +44,33 @@ pub type kvgate_prefix_fn = Option<
     ) -> bool,
 >;
 
-/// The host's two probes, passed by value to `kvgate_new`.
-///
-/// A NULL function pointer means that probe is always unavailable (both
-/// NULL: every turn is admitted `KVGATE_REASON_OPEN`). `user_data` is
-/// passed, unchanged, as the first argument of every call; the library never
-/// reads, frees or copies what it points to. It must stay valid, and be safe
-/// to use from several threads at once, until `kvgate_free` on the gate has
-/// returned: after that no probe is called again.
-#[repr(C)]
+/// The host's probes as the configuration builder holds them
+/// (`kvgate_config_set_probes`). Not a C struct: probes are set one setter
+/// at a time, so a new probe (the engine's KV capacity, say) is a new
+/// setter and no struct a host compiled against changes.
 #[derive(Debug, Clone, Copy)]
-pub struct kvgate_probes {
-    /// The usage probe, or NULL.
-    pub usage: kvgate_usage_fn,
-    /// The prefix probe, or NULL.
-    pub prefix: kvgate_prefix_fn,
-    /// Passed to both probes; may be NULL.
-    pub user_data: *mut c_void,
+pub(crate) struct ProbeFns {
+    pub(crate) usage: kvgate_usage_fn,
+    pub(crate) prefix: kvgate_prefix_fn,
+    pub(crate) user_data: *mut c_void,
 }
 
-/// [`kvgate_probes`] as a [`Probe`] the gate can call from any thread.
+impl Default for ProbeFns {
+    fn default() -> Self {
+        Self {
+            usage: None,
+            prefix: None,
+            user_data: std::ptr::null_mut(),
+        }
+    }
+}
+
+/// [`ProbeFns`] as a [`Probe`] the gate can call from any thread.
 #[derive(Debug)]
-pub(crate) struct CProbes(kvgate_probes);
+pub(crate) struct CProbes(ProbeFns);
 
 impl CProbes {
-    pub(crate) fn new(probes: kvgate_probes) -> Self {
+    pub(crate) fn new(probes: ProbeFns) -> Self {
         Self(probes)
     }
 }
@@ -141,18 +143,14 @@ mod tests {
     #[test]
     fn answers_reach_the_gate_and_silence_is_nan() {
         let mut base = 0.25f64;
-        let probes = CProbes::new(kvgate_probes {
+        let probes = CProbes::new(ProbeFns {
             usage: Some(usage_from_user_data),
             prefix: Some(prefix_says_true_writes_nothing),
             user_data: (&mut base as *mut f64).cast(),
         });
         assert_eq!(probes.kv_cache_usage(b"ab"), Some(2.25));
         assert!(probes.prefix_hit_ratio(b"ab", &[1, 2]).unwrap().is_nan());
-        let none = CProbes::new(kvgate_probes {
-            usage: None,
-            prefix: None,
-            user_data: std::ptr::null_mut(),
-        });
+        let none = CProbes::new(ProbeFns::default());
         assert_eq!(none.kv_cache_usage(b"x"), None);
         assert_eq!(none.prefix_hit_ratio(b"x", &[]), None);
     }

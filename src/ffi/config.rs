@@ -5,11 +5,19 @@
 //! `Config::duration_from_secs`): a setter applies the value to a copy,
 //! validates the copy, and keeps it only if it is valid.
 
+use super::callbacks::{kvgate_prefix_fn, kvgate_usage_fn, ProbeFns};
 use super::error::Failure;
 use super::handles::{self, kvgate_config};
 use super::panic::{ffi_boundary, ffi_status};
 use super::status::kvgate_status;
 use crate::Config;
+
+/// What a `kvgate_config *` holds: the knobs and the host's probes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Builder {
+    pub(crate) config: Config,
+    pub(crate) probes: ProbeFns,
+}
 
 /// A new configuration builder holding the reference defaults:
 /// high_watermark 0.85, hit_threshold 0.80, wait_poll_sec 5,
@@ -21,7 +29,7 @@ use crate::Config;
 #[unsafe(no_mangle)]
 pub extern "C" fn kvgate_config_new() -> *mut kvgate_config {
     ffi_boundary("kvgate_config_new", || {
-        handles::config_into_raw(Config::default())
+        handles::config_into_raw(Builder::default())
     })
 }
 
@@ -49,7 +57,7 @@ unsafe fn set(
 ) -> kvgate_status {
     ffi_status(function, || {
         // SAFETY: forwarded (caller).
-        let config = unsafe { handles::config_mut(config, "config") }?;
+        let config = &mut unsafe { handles::config_mut(config, "config") }?.config;
         let mut candidate = config.clone();
         change(&mut candidate).map_err(Failure::from)?;
         candidate.validate().map_err(Failure::from)?;
@@ -170,6 +178,46 @@ pub unsafe extern "C" fn kvgate_config_set_session_retention_sec(
     }
 }
 
+/// Sets the host's probes, which `kvgate_new` copies into the gate. By
+/// default both are NULL (always unavailable: every turn is admitted
+/// `KVGATE_REASON_OPEN`).
+///
+/// A NULL function pointer means that probe is always unavailable.
+/// `user_data` is passed, unchanged, as the first argument of every probe
+/// call; the library never reads, frees or copies what it points to. It
+/// must stay valid, and be safe to use from several threads at once, until
+/// `kvgate_free` on the gate has returned: after that no probe is called
+/// again.
+///
+/// How probes grow: each is set on this builder, never through a struct, so
+/// a later probe (the engine's KV capacity, say) comes with its own setter
+/// and no layout a host compiled against changes; a host that never calls a
+/// new setter gets that probe's "unavailable".
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `config`.
+///
+/// # Safety
+/// `config` is NULL or a live builder not used by another thread meanwhile;
+/// the probes obey the contracts of `kvgate_usage_fn` and `kvgate_prefix_fn`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_config_set_probes(
+    config: *mut kvgate_config,
+    usage: kvgate_usage_fn,
+    prefix: kvgate_prefix_fn,
+    user_data: *mut std::ffi::c_void,
+) -> kvgate_status {
+    ffi_status("kvgate_config_set_probes", || {
+        // SAFETY: forwarded (caller).
+        let builder = unsafe { handles::config_mut(config, "config") }?;
+        builder.probes = ProbeFns {
+            usage,
+            prefix,
+            user_data,
+        };
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::error::last_error_string;
@@ -183,6 +231,7 @@ mod tests {
         let read = || {
             unsafe { handles::config_ref(raw, "config") }
                 .unwrap()
+                .config
                 .clone()
         };
         f(raw, &read);

@@ -1,9 +1,10 @@
 //! The gate's life and its admissions: `kvgate_new` to `kvgate_free`,
 //! `kvgate_acquire` / `kvgate_release`, finishing and cancelling sessions.
 
+use std::mem::size_of;
 use std::time::Duration;
 
-use super::callbacks::{kvgate_probes, CProbes};
+use super::callbacks::CProbes;
 use super::error::{Failure, SessionName};
 use super::gate_handle::GateHandle;
 use super::handles::{self, kvgate_config, kvgate_gate};
@@ -60,23 +61,23 @@ impl From<&Admission> for kvgate_admission {
     }
 }
 
-/// Creates a gate with the builder's configuration and the host's probes.
+/// Creates a gate with the builder's configuration and probes
+/// (`kvgate_config_set_probes`).
 ///
 /// `config` is copied, not consumed: free it when convenient. On
 /// `KVGATE_OK`, `*out` is a new gate that the caller owns and must free
 /// once with `kvgate_free`. The library spawns no thread: probes run on the
-/// threads that call `kvgate_acquire`. See `kvgate_probes` for what the
-/// probes and `user_data` must guarantee.
+/// threads that call `kvgate_acquire`. See `kvgate_config_set_probes` for
+/// what the probes and `user_data` must guarantee.
 ///
 /// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `config` or `out`.
 ///
 /// # Safety
 /// `config` is NULL or a live builder not being changed meanwhile; `out`
-/// is NULL or writable; the probes obey `kvgate_probes`' contract.
+/// is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvgate_new(
     config: *const kvgate_config,
-    probes: kvgate_probes,
     out: *mut *mut kvgate_gate,
 ) -> kvgate_status {
     ffi_status("kvgate_new", || {
@@ -84,7 +85,8 @@ pub unsafe extern "C" fn kvgate_new(
         let config = unsafe { handles::config_ref(config, "config") }?;
         // SAFETY: as above.
         let out = unsafe { handles::out_arg(out, "out") }?;
-        let gate = Gate::new(config.clone(), CProbes::new(probes)).map_err(Failure::from)?;
+        let gate =
+            Gate::new(config.config.clone(), CProbes::new(config.probes)).map_err(Failure::from)?;
         out.write(handles::gate_into_raw(Arc::new(GateHandle::new(gate))));
         Ok(())
     })
@@ -92,24 +94,31 @@ pub unsafe extern "C" fn kvgate_new(
 
 /// Closes the gate and frees it. NULL is a no-op.
 ///
-/// Safe while leases are outstanding and while other threads are blocked in
-/// `kvgate_acquire` on this gate: those wake and return `KVGATE_CLOSED`.
-/// `kvgate_free` returns only after every `kvgate_acquire` in progress on
-/// other threads has returned (an attempt inside a probe callback finishes
-/// that callback first), so afterwards no probe is called again and
-/// `user_data` may be freed. Every lease still outstanding is released; its
-/// handle becomes invalid.
+/// What may overlap `kvgate_free`, exactly:
+/// - a `kvgate_acquire` on this gate that has *entered* the gate: its
+///   thread is inside one of this gate's probe callbacks for that call, or
+///   it is counted in `pending_attempts` (`kvgate_get_stats`), e.g. it is
+///   waiting. It wakes (or, inside a probe, returns once the probe
+///   returns) with `KVGATE_CLOSED`, and `kvgate_free` returns only after
+///   every such call on another thread has returned, so afterwards no probe
+///   is called again and `user_data` may be freed;
+/// - `kvgate_free` called from inside a probe callback of this gate: it
+///   does not wait for its own thread's `kvgate_acquire`, which returns
+///   `KVGATE_CLOSED` once the callback returns.
 ///
-/// Called from inside a probe callback of this gate, it does not wait for
-/// the calling thread's own `kvgate_acquire`, which returns
-/// `KVGATE_CLOSED` once the callback returns.
+/// Nothing else may: no other call on this gate may be in progress or begin
+/// once `kvgate_free` has begun, and that includes a `kvgate_acquire` made
+/// at about the same time, which may not have entered the gate yet (the
+/// handle is invalid memory then). The robust shutdown is the usual one for
+/// a C object: `kvgate_close` (thread-safe at any time: every waiting
+/// attempt returns `KVGATE_CLOSED`, new ones are refused), then make sure
+/// your threads have stopped calling (join them), then `kvgate_free`.
+///
+/// Leases still outstanding are released; their handles become invalid.
 ///
 /// # Safety
-/// `gate` is NULL or a gate from `kvgate_new` not freed yet. Apart from
-/// `kvgate_acquire` calls already in progress (and calls their probe
-/// callbacks make), no other call on this gate may be in progress or start
-/// once `kvgate_free` has begun (a host bug, as with any C API): the handle
-/// is invalid afterwards.
+/// `gate` is NULL or a gate from `kvgate_new` not freed yet, and only the
+/// calls listed above overlap this one.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvgate_free(gate: *mut kvgate_gate) {
     ffi_boundary("kvgate_free", || {
@@ -288,35 +297,54 @@ pub unsafe extern "C" fn kvgate_release(gate: *mut kvgate_gate, lease: u64) -> k
 /// `kvgate_cancel_session`).
 ///
 /// If `out_final` is not NULL, the session's final figures are written to it
-/// (taken atomically with the finish). Returns `KVGATE_NOT_FOUND` if the
+/// (taken atomically with the finish), at most `out_final_size` bytes as
+/// `kvgate_get_session_stats` does (pass `sizeof *out_final`). Returns `KVGATE_NOT_FOUND` if the
 /// session is not tracked (never seen, already finished, or retired).
 /// Thread-safe.
 ///
 /// # Safety
 /// `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
-/// `session_id_len` bytes if not NULL; `out_final` is NULL or writable.
+/// `session_id_len` bytes if not NULL; `out_final` is NULL or has
+/// `out_final_size` writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvgate_finish_session(
     gate: *mut kvgate_gate,
     session_id: *const u8,
     session_id_len: usize,
     out_final: *mut kvgate_session_stats,
+    out_final_size: usize,
 ) -> kvgate_status {
     ffi_status("kvgate_finish_session", || {
         // SAFETY: pointer contracts forwarded (caller).
-        let (handle, session, out) = unsafe {
+        let (handle, session) = unsafe {
             (
                 handles::gate_ref(gate, "gate")?,
                 handles::session_arg(session_id, session_id_len)?,
-                handles::optional_out_arg(out_final, "out_final")?,
             )
         };
+        if !out_final.is_null() && (!out_final.is_aligned() || out_final_size < size_of::<usize>())
+        {
+            // Refused before the finish, which cannot be undone.
+            return Err(Failure::invalid(format!(
+                "out_final is misaligned or out_final_size ({out_final_size}) is too small"
+            )));
+        }
         let last = handle
             .gate
             .finish_session(session)
             .ok_or_else(|| Failure::not_tracked(session))?;
-        if let Some(out) = out {
-            out.write(kvgate_session_stats::from(&last));
+        if !out_final.is_null() {
+            let last = kvgate_session_stats::from(&last);
+            // SAFETY: checked above; `out_final_size` writable bytes (caller).
+            unsafe {
+                handles::write_sized(
+                    out_final,
+                    out_final_size,
+                    last,
+                    "out_final",
+                    "out_final_size",
+                )
+            }?;
         }
         Ok(())
     })

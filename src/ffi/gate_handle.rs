@@ -13,6 +13,16 @@
 //! 4. drops the host's reference. A woken acquire may still be on its way out
 //!    (dropping its own reference): its reference keeps the memory alive.
 //!
+//! What this cannot cover, and the header therefore forbids: a call that
+//! has been made but has not yet taken its reference (the few instructions
+//! between entering `kvgate_acquire` and `gate_clone`). No count can see it,
+//! so the handle may already be freed under it (issue 10: SIGSEGV with a
+//! breakpoint at `kvgate_acquire`). Making that safe would take a handle
+//! that outlives `kvgate_free` (a leaked header, or a global table of
+//! handles) and a counted entry on every call; the header instead promises
+//! only what a C object normally does, plus the acquires a host can know
+//! have entered (inside a probe, or counted in `pending_attempts`).
+//!
 //! `kvgate_free` called from inside a probe callback (its own thread is in
 //! `kvgate_acquire` on this gate) does not wait for itself: a thread-local
 //! list of the gates this thread is acquiring on tells it how many calls

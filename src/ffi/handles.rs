@@ -1,17 +1,18 @@
 //! Every conversion between a raw pointer from C and a Rust value lives here,
 //! so each handle type is converted one way only: `kvgate_config *` is a
-//! `Box<Config>`, `kvgate_gate *` an `Arc<GateHandle>`. Every function checks
+//! `Box<Builder>`, `kvgate_gate *` an `Arc<GateHandle>`. Every function checks
 //! for NULL (and alignment and size, for arrays) before touching memory and
 //! says which argument was wrong.
 
 use std::mem::{align_of, size_of, MaybeUninit};
 
+use super::config::Builder;
 use super::error::Failure;
 use super::gate_handle::GateHandle;
 use crate::sync::Arc;
-use crate::Config;
 
-/// A configuration under construction (opaque; a `Box` of the Rust `Config`).
+/// A configuration under construction (opaque; a `Box` of the Rust
+/// `Config` and the host's probes).
 ///
 /// Made by `kvgate_config_new`, changed by the `kvgate_config_set_*`
 /// functions, read (not consumed) by `kvgate_new`, freed by
@@ -35,7 +36,7 @@ pub struct kvgate_gate {
 /// The argument name, for messages.
 type Arg = &'static str;
 
-pub(crate) fn config_into_raw(config: Config) -> *mut kvgate_config {
+pub(crate) fn config_into_raw(config: Builder) -> *mut kvgate_config {
     Box::into_raw(Box::new(config)).cast()
 }
 
@@ -45,9 +46,9 @@ pub(crate) fn config_into_raw(config: Config) -> *mut kvgate_config {
 pub(crate) unsafe fn config_mut<'a>(
     ptr: *mut kvgate_config,
     arg: Arg,
-) -> Result<&'a mut Config, Failure> {
-    // SAFETY: non-NULL pointers are live `Box<Config>`s used by this thread only (caller).
-    unsafe { ptr.cast::<Config>().as_mut() }.ok_or_else(|| null(arg))
+) -> Result<&'a mut Builder, Failure> {
+    // SAFETY: non-NULL pointers are live `Box<Builder>`s used by this thread only (caller).
+    unsafe { ptr.cast::<Builder>().as_mut() }.ok_or_else(|| null(arg))
 }
 
 /// # Safety
@@ -56,9 +57,9 @@ pub(crate) unsafe fn config_mut<'a>(
 pub(crate) unsafe fn config_ref<'a>(
     ptr: *const kvgate_config,
     arg: Arg,
-) -> Result<&'a Config, Failure> {
-    // SAFETY: non-NULL pointers are live `Box<Config>`s not changed meanwhile (caller).
-    unsafe { ptr.cast::<Config>().as_ref() }.ok_or_else(|| null(arg))
+) -> Result<&'a Builder, Failure> {
+    // SAFETY: non-NULL pointers are live `Box<Builder>`s not changed meanwhile (caller).
+    unsafe { ptr.cast::<Builder>().as_ref() }.ok_or_else(|| null(arg))
 }
 
 /// Frees a builder; NULL is a no-op.
@@ -68,8 +69,8 @@ pub(crate) unsafe fn config_ref<'a>(
 /// nobody uses it any more.
 pub(crate) unsafe fn config_free(ptr: *mut kvgate_config) {
     if !ptr.is_null() {
-        // SAFETY: a live `Box<Config>` handed back exactly once (caller).
-        drop(unsafe { Box::from_raw(ptr.cast::<Config>()) });
+        // SAFETY: a live `Box<Builder>` handed back exactly once (caller).
+        drop(unsafe { Box::from_raw(ptr.cast::<Builder>()) });
     }
 }
 
@@ -199,20 +200,48 @@ pub(crate) unsafe fn out_arg<'a, T>(ptr: *mut T, arg: Arg) -> Result<Out<'a, T>,
     Ok(Out(unsafe { &mut *ptr.cast::<MaybeUninit<T>>() }))
 }
 
-/// An optional out-parameter: NULL means the caller does not want it.
+/// A size-prefixed out-struct: `out` points to the caller's `T` of
+/// `out_size` bytes (its `sizeof`, which an older header makes smaller).
+/// Writes the first `min(out_size, size_of::<T>())` bytes of `value`, whose
+/// first field, a `size_t`, is set to that count first, so the caller
+/// knows which of its fields were written. Fields are only ever appended.
 ///
 /// # Safety
-/// As [`out_arg`].
-pub(crate) unsafe fn optional_out_arg<'a, T>(
-    ptr: *mut T,
+/// A non-NULL `out` points to `out_size` writable bytes used by nobody else.
+pub(crate) unsafe fn write_sized<T: Copy>(
+    out: *mut T,
+    out_size: usize,
+    mut value: T,
     arg: Arg,
-) -> Result<Option<Out<'a, T>>, Failure> {
-    if ptr.is_null() {
-        Ok(None)
-    } else {
-        // SAFETY: forwarded (caller).
-        unsafe { out_arg(ptr, arg) }.map(Some)
+    size_arg: Arg,
+) -> Result<(), Failure> {
+    if out.is_null() {
+        return Err(null(arg));
     }
+    if !out.is_aligned() {
+        return Err(Failure::invalid(format!(
+            "{arg} ({out:p}) is not aligned to {} bytes",
+            align_of::<T>()
+        )));
+    }
+    if out_size < size_of::<usize>() || out_size > isize::MAX as usize {
+        return Err(Failure::invalid(format!(
+            "{size_arg} ({out_size}) is not the size of a struct led by its size_t size \
+             (pass sizeof *{arg})"
+        )));
+    }
+    let n = out_size.min(size_of::<T>());
+    let start = (&mut value as *mut T).cast::<usize>();
+    // SAFETY: every such `T` is `repr(C)` and begins with a `usize` (the
+    // callers' contract), so `start` points to that field of `value`.
+    unsafe { start.write(n) };
+    // SAFETY: `n` bytes are readable from `value` (n <= size_of::<T>()) and
+    // writable at `out` (n <= out_size, the caller's contract); the two do
+    // not overlap. Padding bytes are copied as they are, untyped.
+    unsafe {
+        std::ptr::copy_nonoverlapping((&value as *const T).cast::<u8>(), out.cast::<u8>(), n)
+    };
+    Ok(())
 }
 
 /// A caller-owned byte buffer of `cap` bytes; NULL is allowed only with `cap == 0`.
@@ -287,9 +316,6 @@ mod tests {
         unsafe {
             let err = out_arg::<u64>(std::ptr::null_mut(), "out").unwrap_err();
             assert_eq!(err.message, "out is NULL");
-            assert!(optional_out_arg::<u64>(std::ptr::null_mut(), "out")
-                .unwrap()
-                .is_none());
             let mut value = 0u64;
             out_arg(&mut value, "out").unwrap().write(9);
             assert_eq!(value, 9);
@@ -298,6 +324,51 @@ mod tests {
             assert!(buffer_arg(std::ptr::null_mut(), 0, "buf", "cap")
                 .unwrap()
                 .is_empty());
+        }
+    }
+
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct V2 {
+        size: usize,
+        a: u64,
+        b: u64, // appended in "version 2"
+    }
+
+    #[test]
+    fn sized_out_structs_get_the_prefix_their_caller_knows() {
+        let v2 = V2 {
+            size: 0,
+            a: 7,
+            b: 9,
+        };
+        // SAFETY: every write goes to a live local of at least the size given.
+        unsafe {
+            let mut newer = V2 {
+                size: 0,
+                a: 0,
+                b: 0,
+            };
+            write_sized(&mut newer, size_of::<V2>(), v2, "out", "out_size").unwrap();
+            assert_eq!(
+                newer,
+                V2 {
+                    size: 24,
+                    a: 7,
+                    b: 9
+                }
+            );
+            // A caller built against "version 1" (size and a): b is untouched.
+            let mut older = [0usize, 0, 0xdead];
+            write_sized(older.as_mut_ptr().cast::<V2>(), 16, v2, "out", "out_size").unwrap();
+            assert_eq!(older, [16, 7, 0xdead]);
+            // A caller from the future: only what this library has is written.
+            let mut future = [0usize, 0, 0, 0xbeef];
+            write_sized(future.as_mut_ptr().cast::<V2>(), 32, v2, "out", "out_size").unwrap();
+            assert_eq!(future, [24, 7, 9, 0xbeef]);
+            let err = write_sized(&mut newer, 4, v2, "out", "out_size").unwrap_err();
+            assert!(err.message.contains("out_size (4)"), "{}", err.message);
+            assert!(write_sized(std::ptr::null_mut(), 24, v2, "out", "out_size").is_err());
         }
     }
 

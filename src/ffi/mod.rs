@@ -51,10 +51,10 @@ mod handles;
 mod leases;
 mod panic;
 
-pub use callbacks::{kvgate_prefix_fn, kvgate_probes, kvgate_usage_fn};
+pub use callbacks::{kvgate_prefix_fn, kvgate_usage_fn};
 pub use config::{
     kvgate_config_free, kvgate_config_new, kvgate_config_set_high_watermark,
-    kvgate_config_set_hit_threshold, kvgate_config_set_idle_grace_sec,
+    kvgate_config_set_hit_threshold, kvgate_config_set_idle_grace_sec, kvgate_config_set_probes,
     kvgate_config_set_session_retention_sec, kvgate_config_set_wait_poll_sec,
 };
 pub use error::kvgate_last_error;
@@ -67,9 +67,7 @@ pub use stats::{
     kvgate_get_session_stats, kvgate_get_stats, kvgate_metrics_text, kvgate_session_stats,
     kvgate_stats,
 };
-pub use status::{
-    kvgate_reason, kvgate_reason_str, kvgate_status, kvgate_status_str, KVGATE_REASON_COUNT,
-};
+pub use status::{kvgate_reason, kvgate_reason_str, kvgate_status, kvgate_status_str};
 pub use version::{
     kvgate_version, KVGATE_VERSION_MAJOR, KVGATE_VERSION_MINOR, KVGATE_VERSION_PATCH,
 };

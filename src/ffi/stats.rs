@@ -5,20 +5,32 @@ use std::ffi::c_char;
 use super::error::Failure;
 use super::handles::{self, kvgate_gate};
 use super::panic::ffi_status;
-use super::status::{kvgate_status, KVGATE_REASON_COUNT};
+use super::status::kvgate_status;
 use crate::{GateStats, ReservationState, SessionStats};
 
 /// Gate-wide figures (`kvgate_get_stats`). Counters only grow; gauges are
 /// marked. Each figure is exact; the set is not one atomic instant.
 ///
-/// This struct never changes layout: new figures come with new functions.
+/// Size-prefixed: the caller passes `sizeof(kvgate_stats)` as it knows it,
+/// and the library writes that many bytes at most, `size` first. New
+/// figures (a new admission reason's count, say) are only ever appended, so
+/// a host built against an older header gets the fields it knows, and one
+/// built against a newer header reads `size` to see which were written.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct kvgate_stats {
-    /// Admissions per reason, indexed by `kvgate_reason`.
-    pub admissions_by_reason: [u64; KVGATE_REASON_COUNT],
-    /// All admissions (the sum of `admissions_by_reason`).
+    /// Bytes of this struct the library wrote (set by the library).
+    pub size: usize,
+    /// All admissions (the sum of the `admissions_*` per reason below).
     pub admissions: u64,
+    /// Admissions `KVGATE_REASON_OPEN`.
+    pub admissions_open: u64,
+    /// Admissions `KVGATE_REASON_RESERVED_SESSION`.
+    pub admissions_reserved_session: u64,
+    /// Admissions `KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE`.
+    pub admissions_prefix_probe_unavailable: u64,
+    /// Admissions `KVGATE_REASON_RESIDENT_PREFIX`.
+    pub admissions_resident_prefix: u64,
     /// Attempts begun (every `kvgate_acquire` not refused as closed or invalid).
     pub attempts: u64,
     /// Attempts that slept at least once before they ended.
@@ -69,9 +81,14 @@ pub struct kvgate_stats {
 
 impl From<&GateStats> for kvgate_stats {
     fn from(s: &GateStats) -> Self {
+        let [open, reserved, unavailable, resident] = s.admissions_by_reason;
         Self {
-            admissions_by_reason: s.admissions_by_reason,
+            size: std::mem::size_of::<Self>(),
             admissions: s.total_admissions(),
+            admissions_open: open,
+            admissions_reserved_session: reserved,
+            admissions_prefix_probe_unavailable: unavailable,
+            admissions_resident_prefix: resident,
             attempts: s.attempts,
             waits: s.waits,
             wait_sec: s.wait_time.as_secs_f64(),
@@ -101,10 +118,13 @@ impl From<&GateStats> for kvgate_stats {
 
 /// One session's figures (`kvgate_get_session_stats`, `kvgate_finish_session`).
 ///
-/// This struct never changes layout: new figures come with new functions.
+/// Size-prefixed like `kvgate_stats`: pass `sizeof(kvgate_session_stats)`;
+/// new figures are only ever appended.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct kvgate_session_stats {
+    /// Bytes of this struct the library wrote (set by the library).
+    pub size: usize,
     /// Attempts of this session preempted by a newer attempt (admission
     /// preemptions only, never the engine's). High means retries, not
     /// scheduling, are the problem.
@@ -148,6 +168,7 @@ impl From<&SessionStats> for kvgate_session_stats {
             ReservationState::Grace { remaining } => (true, 0, true, remaining.as_secs_f64()),
         };
         Self {
+            size: std::mem::size_of::<Self>(),
             num_preempted: s.num_preempted,
             attempts: s.attempts,
             admissions: s.admissions,
@@ -168,30 +189,31 @@ impl From<&SessionStats> for kvgate_session_stats {
 }
 
 /// Writes the gate-wide figures to `*out` (due grace expiries are fired
-/// first). Returns `KVGATE_INVALID_ARGUMENT` for a NULL `gate` or `out`.
+/// first): at most `out_size` bytes, `out->size` first (see
+/// `kvgate_stats`). Pass `sizeof *out`. Returns `KVGATE_INVALID_ARGUMENT`
+/// for a NULL `gate` or `out`, or an `out_size` smaller than a `size_t`.
 /// Thread-safe.
 ///
 /// # Safety
-/// `gate` is NULL or a live gate (see `kvgate_free`); `out` is NULL or writable.
+/// `gate` is NULL or a live gate (see `kvgate_free`); `out` is NULL or has
+/// `out_size` writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvgate_get_stats(
     gate: *mut kvgate_gate,
     out: *mut kvgate_stats,
+    out_size: usize,
 ) -> kvgate_status {
     ffi_status("kvgate_get_stats", || {
-        // SAFETY: pointer contracts forwarded (caller).
-        let (handle, out) = unsafe {
-            (
-                handles::gate_ref(gate, "gate")?,
-                handles::out_arg(out, "out")?,
-            )
-        };
-        out.write(kvgate_stats::from(&handle.gate.stats()));
-        Ok(())
+        // SAFETY: forwarded (caller).
+        let handle = unsafe { handles::gate_ref(gate, "gate") }?;
+        let stats = kvgate_stats::from(&handle.gate.stats());
+        // SAFETY: forwarded (caller).
+        unsafe { handles::write_sized(out, out_size, stats, "out", "out_size") }
     })
 }
 
-/// Writes one session's figures to `*out`. Returns `KVGATE_NOT_FOUND` if the
+/// Writes one session's figures to `*out` (at most `out_size` bytes, as
+/// `kvgate_get_stats` does; pass `sizeof *out`). Returns `KVGATE_NOT_FOUND` if the
 /// session is not tracked (never seen, finished, or retired after
 /// `session_retention_sec` idle), `KVGATE_INVALID_ARGUMENT` for a NULL
 /// `gate` or `out` or a NULL `session_id` with a non-zero length.
@@ -199,29 +221,34 @@ pub unsafe extern "C" fn kvgate_get_stats(
 ///
 /// # Safety
 /// `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
-/// `session_id_len` bytes if not NULL; `out` is NULL or writable.
+/// `session_id_len` bytes if not NULL; `out` is NULL or has `out_size`
+/// writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvgate_get_session_stats(
     gate: *mut kvgate_gate,
     session_id: *const u8,
     session_id_len: usize,
     out: *mut kvgate_session_stats,
+    out_size: usize,
 ) -> kvgate_status {
     ffi_status("kvgate_get_session_stats", || {
         // SAFETY: pointer contracts forwarded (caller).
-        let (handle, session, out) = unsafe {
+        let (handle, session) = unsafe {
             (
                 handles::gate_ref(gate, "gate")?,
                 handles::session_arg(session_id, session_id_len)?,
-                handles::out_arg(out, "out")?,
             )
         };
+        if out.is_null() {
+            return Err(Failure::invalid("out is NULL"));
+        }
         let stats = handle
             .gate
             .session_stats(session)
             .ok_or_else(|| Failure::not_tracked(session))?;
-        out.write(kvgate_session_stats::from(&stats));
-        Ok(())
+        let stats = kvgate_session_stats::from(&stats);
+        // SAFETY: forwarded (caller).
+        unsafe { handles::write_sized(out, out_size, stats, "out", "out_size") }
     })
 }
 

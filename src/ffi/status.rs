@@ -123,13 +123,9 @@ pub enum kvgate_reason {
     KVGATE_REASON_WAIT_BOUND = 6,
 }
 
-/// Number of `kvgate_reason` values; the length of
-/// `kvgate_stats.admissions_by_reason`.
-pub const KVGATE_REASON_COUNT: usize = 7;
-
 impl kvgate_reason {
     /// Every reason, in value order.
-    pub(crate) const ALL: [kvgate_reason; KVGATE_REASON_COUNT] = [
+    pub(crate) const ALL: [kvgate_reason; 7] = [
         Self::KVGATE_REASON_OPEN,
         Self::KVGATE_REASON_RESERVED_SESSION,
         Self::KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE,
@@ -247,6 +243,6 @@ mod tests {
             assert_eq!(c as u32, reason as u32);
             assert_eq!(text(kvgate_reason_str(c as u32)), reason.as_str());
         }
-        assert_eq!(text(kvgate_reason_str(KVGATE_REASON_COUNT as u32)), "unknown");
+        assert_eq!(text(kvgate_reason_str(kvgate_reason::ALL.len() as u32)), "unknown");
     }
 }

@@ -321,7 +321,7 @@ pub fn drive_from(
 
 /// `begin` then `drive`.
 pub fn acquire(
-    core: &Core,
+    core: &StdArc<Core>,
     time: &VirtualTime,
     probe: &ScriptedProbe,
     session: &[u8],
@@ -331,7 +331,7 @@ pub fn acquire(
 
 /// Begins a cold attempt and drives it, on this thread, to its first sleep
 /// (pressure: usage at or above the watermark, prefix below the threshold).
-pub fn asleep(core: &Core, time: &VirtualTime, session: &[u8]) -> (Driven, Step) {
+pub fn asleep(core: &StdArc<Core>, time: &VirtualTime, session: &[u8]) -> (Driven, Step) {
     let mut d = begin(core, time, session).expect("not closed");
     assert!(matches!(
         d.attempt.start(time.now()).unwrap(),
