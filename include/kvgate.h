@@ -164,6 +164,21 @@ enum kvgate_reason
      * threshold. Retains the session.
      */
     KVGATE_REASON_RESIDENT_PREFIX = 3,
+    /**
+     * Working-set admission: the session's prefix-cache footprint fit
+     * beside the working set's. The session holds its working-set place.
+     */
+    KVGATE_REASON_FITS_WORKING_SET = 4,
+    /**
+     * Working-set admission: nobody else was in the working set
+     * (liveness).
+     */
+    KVGATE_REASON_EMPTY_WORKING_SET = 5,
+    /**
+     * Working-set admission: the session waited past the wait bound and
+     * members between turns were parked to make room for it.
+     */
+    KVGATE_REASON_WAIT_BOUND = 6,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -227,6 +242,27 @@ typedef bool (*kvgate_prefix_fn)(void *user_data,
                                  const uint32_t *prompt_ids,
                                  size_t prompt_len,
                                  double *out_hit_ratio);
+
+/**
+ * The host's probes as the configuration builder holds them
+ * (`kvgate_config_set_probes`). Not a C struct: probes are set one setter
+ * at a time, so a new probe (the engine's KV capacity, say) is a new
+ * setter and no struct a host compiled against changes.
+ * Asks the engine serving `session_id` for its KV capacity: writes the
+ * capacity in tokens (vLLM: `num_gpu_blocks × block_size`) to
+ * `*out_tokens`, the tokens per block to `*out_block_tokens`, and the best
+ * prefill throughput it measured, in tokens per second, to
+ * `*out_prefill_tokens_per_sec` (0 for any figure it does not know), and
+ * returns true; returns false if it cannot say. Working-set admission asks
+ * it with every usage probe; reference mode never calls it. Same threading
+ * and `user_data` contract as `kvgate_usage_fn`.
+ */
+typedef bool (*kvgate_capacity_fn)(void *user_data,
+                                   const uint8_t *session_id,
+                                   size_t session_id_len,
+                                   uint64_t *out_tokens,
+                                   uint32_t *out_block_tokens,
+                                   double *out_prefill_tokens_per_sec);
 
 /**
  * What `kvgate_acquire` admitted.
@@ -473,6 +509,46 @@ typedef struct kvgate_stats {
      * Gauge: session records kept.
      */
     uint64_t tracked_sessions;
+    /**
+     * Admissions `KVGATE_REASON_FITS_WORKING_SET`.
+     */
+    uint64_t admissions_fits_working_set;
+    /**
+     * Admissions `KVGATE_REASON_EMPTY_WORKING_SET`.
+     */
+    uint64_t admissions_empty_working_set;
+    /**
+     * Admissions `KVGATE_REASON_WAIT_BOUND`.
+     */
+    uint64_t admissions_wait_bound;
+    /**
+     * Gauge: sessions in the working set (0 in reference mode).
+     */
+    uint64_t working_set_sessions;
+    /**
+     * Gauge: sessions queued to join the working set.
+     */
+    uint64_t working_set_waiting_sessions;
+    /**
+     * Gauge: KV tokens the working set is counted to hold.
+     */
+    uint64_t working_set_tokens;
+    /**
+     * Gauge: KV capacity in force, tokens (0 while unknown).
+     */
+    uint64_t working_set_capacity_tokens;
+    /**
+     * Gauge: the prefix shared by sessions, counted once, tokens.
+     */
+    uint64_t working_set_shared_prefix_tokens;
+    /**
+     * Gauge: how long a member keeps its place between turns, seconds.
+     */
+    double working_set_window_sec;
+    /**
+     * Members parked so far.
+     */
+    uint64_t working_set_parked;
 } kvgate_stats;
 
 
@@ -503,8 +579,9 @@ const char *kvgate_version(void);
 const char *kvgate_status_str(uint32_t status);
 
 /**
- * The seed's name of a reason: `"open"`, `"reserved_session"`,
- * `"prefix_probe_unavailable"`, `"resident_prefix"`, or `"unknown"`.
+ * The name of a reason: `"open"`, `"reserved_session"`,
+ * `"prefix_probe_unavailable"`, `"resident_prefix"`, `"fits_working_set"`,
+ * `"empty_working_set"`, `"wait_bound"`, or `"unknown"`.
  *
  * Takes a plain `uint32_t` so that any value is safe to pass. The string is
  * static: never free it. Never returns NULL. Thread-safe.
@@ -524,9 +601,11 @@ const char *kvgate_reason_str(uint32_t reason);
 const char *kvgate_last_error(void);
 
 /**
- * A new configuration builder holding the reference defaults:
+ * A new configuration builder holding the defaults: working-set admission
+ * (`KVGATE_ADMISSION_MODE_WORKING_SET`), and the reference's
  * high_watermark 0.85, hit_threshold 0.80, wait_poll_sec 5,
- * idle_grace_sec 60, session_retention_sec 600.
+ * idle_grace_sec 60, session_retention_sec 600 (the first two and the
+ * grace apply to `KVGATE_ADMISSION_MODE_REFERENCE`).
  *
  * The caller owns the builder and frees it with `kvgate_config_free` (it
  * may be freed right after `kvgate_new`, which copies it). Returns NULL
@@ -631,6 +710,33 @@ kvgate_status kvgate_config_set_probes(struct kvgate_config *config,
                                        kvgate_usage_fn usage,
                                        kvgate_prefix_fn prefix,
                                        void *user_data);
+
+/**
+ * Sets the capacity probe (`kvgate_capacity_fn`), called with the
+ * `user_data` of `kvgate_config_set_probes`. NULL (the default) means the
+ * engine's capacity is unknown: working-set admission then estimates it
+ * from usage answers. `kvgate_new` copies it with the other probes.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` for a NULL `config`.
+ *
+ * # Safety
+ * `config` is NULL or a live builder not used by another thread meanwhile;
+ * the probe obeys the contract of `kvgate_capacity_fn`.
+ */
+kvgate_status kvgate_config_set_capacity_probe(struct kvgate_config *config,
+                                               kvgate_capacity_fn capacity);
+
+/**
+ * Sets how the gate decides: a `kvgate_admission_mode` value. Default
+ * `KVGATE_ADMISSION_MODE_WORKING_SET`.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` (builder unchanged) for a NULL
+ * `config` or a value that is not a `kvgate_admission_mode`.
+ *
+ * # Safety
+ * `config` is NULL or a live builder not used by another thread meanwhile.
+ */
+kvgate_status kvgate_config_set_admission_mode(struct kvgate_config *config, uint32_t admission);
 
 /**
  * Creates a gate with the builder's configuration and probes
@@ -744,6 +850,22 @@ kvgate_status kvgate_acquire(struct kvgate_gate *gate,
  * `gate` is NULL or a live gate (see `kvgate_free`).
  */
 kvgate_status kvgate_release(struct kvgate_gate *gate, uint64_t lease);
+
+/**
+ * `kvgate_release` with what the engine reported of the turn: the prompt
+ * tokens it served from its prefix cache (vLLM's `num_cached_tokens`) and
+ * the tokens the turn generated; a negative value means unknown. Working-set
+ * admission learns the shared prefix, the members' misses and the engine's
+ * prefill rate from these; reference mode ignores them. Same statuses and
+ * thread-safety as `kvgate_release`.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate (see `kvgate_free`).
+ */
+kvgate_status kvgate_release_with_report(struct kvgate_gate *gate,
+                                         uint64_t lease,
+                                         int64_t cached_tokens,
+                                         int64_t output_tokens);
 
 /**
  * Ends the session's ownership window (its reservation), wakes a waiting

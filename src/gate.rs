@@ -12,9 +12,9 @@ use crate::error::AcquireError;
 use crate::lease::Lease;
 use crate::parker::{Parker, ParkerHandle};
 use crate::probe::Probe;
-use crate::TurnReport;
 use crate::sync::Arc;
 use crate::watch::DeadlineWatch;
+use crate::TurnReport;
 
 pub(crate) struct Shared {
     core: Core,

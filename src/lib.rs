@@ -56,11 +56,11 @@ mod watch;
 
 pub use crate::clock::{Clock, ManualClock, MonotonicClock};
 pub use crate::config::{AdmissionMode, Config, ConfigError};
+pub use crate::core::working_set::{EngineCapacity, TurnReport};
 pub use crate::core::{GateStats, Reason, ReservationState, SessionStats};
 pub use crate::error::AcquireError;
 pub use crate::gate::Gate;
 pub use crate::lease::Lease;
-pub use crate::core::working_set::{EngineCapacity, TurnReport};
 pub use crate::probe::{Probe, ProbeAnswer};
 
 #[cfg(test)]

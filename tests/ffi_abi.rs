@@ -175,6 +175,14 @@ fn new_gate(engine: &Engine, idle_grace_sec: f64) -> GatePtr {
     let mut gate = ptr::null_mut();
     // SAFETY: a live builder, a writable out-pointer, probes over a live engine.
     unsafe {
+        // These tests exercise the seed's decision table through the ABI.
+        assert_eq!(
+            kvgate_config_set_admission_mode(
+                config,
+                kvgate_admission_mode::KVGATE_ADMISSION_MODE_REFERENCE as u32
+            ),
+            KVGATE_OK
+        );
         assert_eq!(kvgate_config_set_wait_poll_sec(config, POLL_SEC), KVGATE_OK);
         assert_eq!(
             kvgate_config_set_idle_grace_sec(config, idle_grace_sec),

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use kvgate::{AcquireError, AdmissionMode, Config, Gate, Lease, ManualClock, Probe, Reason, ReservationState};
+use kvgate::{
+    AcquireError, AdmissionMode, Config, Gate, Lease, ManualClock, Probe, Reason, ReservationState,
+};
 
 // ---------------------------------------------------------------------------
 // Knobs

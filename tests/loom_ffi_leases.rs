@@ -41,6 +41,14 @@ fn new_gate(usage: kvgate_usage_fn, prefix: kvgate_prefix_fn, user_data: *mut c_
             kvgate_config_set_probes(config, usage, prefix, user_data),
             KVGATE_OK
         );
+        // The models are about lease handles: the seed's table keeps them small.
+        assert_eq!(
+            kvgate_config_set_admission_mode(
+                config,
+                kvgate_admission_mode::KVGATE_ADMISSION_MODE_REFERENCE as u32
+            ),
+            KVGATE_OK
+        );
         assert_eq!(kvgate_new(config, &mut gate), KVGATE_OK);
         kvgate_config_free(config);
     }

@@ -1234,7 +1234,7 @@ fn the_core_behaves_as_the_reference_model() {
         failure_persistence: Some(Box::new(
             proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
         )),
-        ..ProptestConfig::reference()
+        ..ProptestConfig::default()
     };
     let cases = config.cases;
     let strategy = (

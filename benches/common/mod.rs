@@ -243,6 +243,14 @@ pub mod c_abi {
                     kvgate_config_set_probes(config, Some(low_usage), None, std::ptr::null_mut()),
                     KVGATE_OK
                 );
+                // Compared with the naive design, which is the seed's table.
+                assert_eq!(
+                    kvgate_config_set_admission_mode(
+                        config,
+                        kvgate_admission_mode::KVGATE_ADMISSION_MODE_REFERENCE as u32
+                    ),
+                    KVGATE_OK
+                );
                 assert_eq!(kvgate_new(config, &mut gate), KVGATE_OK);
                 kvgate_config_free(config);
             }

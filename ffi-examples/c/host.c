@@ -229,6 +229,8 @@ static kvgate_gate *new_gate(kv_model *m, double poll_sec, double grace_sec) {
     kvgate_gate *gate = NULL;
     CHECK(config != NULL);
     CHECK_STATUS(kvgate_config_set_probes(config, usage_probe, prefix_probe, m), KVGATE_OK);
+    /* This host exercises the seed's decision table. */
+    CHECK_STATUS(kvgate_config_set_admission_mode(config, KVGATE_ADMISSION_MODE_REFERENCE), KVGATE_OK);
     CHECK_STATUS(kvgate_config_set_wait_poll_sec(config, poll_sec), KVGATE_OK);
     CHECK_STATUS(kvgate_config_set_idle_grace_sec(config, grace_sec), KVGATE_OK);
     CHECK_STATUS(kvgate_new(config, &gate), KVGATE_OK);

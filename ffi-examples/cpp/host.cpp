@@ -54,7 +54,7 @@ void wait_for_waiting(const kvgate::Gate& gate, uint64_t n) {
 
 kvgate::Config scenario_config() {
     kvgate::Config config;
-    config.wait_poll(30s).idle_grace(60s);
+    config.admission_mode(KVGATE_ADMISSION_MODE_REFERENCE).wait_poll(30s).idle_grace(60s);
     return config;
 }
 
@@ -170,7 +170,7 @@ void agents() {
     constexpr int kTurns = 5;
     auto engine = std::make_shared<ToyEngine>(2048);
     kvgate::Config config;
-    config.wait_poll(50ms).idle_grace(500ms);
+    config.admission_mode(KVGATE_ADMISSION_MODE_REFERENCE).wait_poll(50ms).idle_grace(500ms);
     kvgate::Gate gate(config, engine);
     std::vector<std::thread> threads;
     std::vector<int> admitted(kAgents, 0);

@@ -76,6 +76,10 @@ public:
             throw std::bad_alloc();
         }
     }
+    Config& admission_mode(kvgate_admission_mode mode) {
+        detail::check(kvgate_config_set_admission_mode(raw_.get(), mode));
+        return *this;
+    }
     Config& high_watermark(double v) {
         detail::check(kvgate_config_set_high_watermark(raw_.get(), v));
         return *this;

@@ -106,7 +106,7 @@ class Stats(Structure):
     """Size-prefixed like SessionStats."""
 
     _fields_ = [("size", c_size_t)] + [
-        (name, c_double if name == "wait_sec" else c_uint64)
+        (name, c_double if name.endswith("_sec") else c_uint64)
         for name in (
             "admissions admissions_open admissions_reserved_session "
             "admissions_prefix_probe_unavailable admissions_resident_prefix "
@@ -115,7 +115,10 @@ class Stats(Structure):
             "prefix_probe_calls prefix_probe_unavailable prefix_probe_invalid "
             "grace_expired sessions_finished sessions_retired releases active_leases "
             "pending_attempts waiting_attempts reserved_in_flight reserved_in_grace "
-            "tracked_sessions"
+            "tracked_sessions admissions_fits_working_set admissions_empty_working_set "
+            "admissions_wait_bound working_set_sessions working_set_waiting_sessions "
+            "working_set_tokens working_set_capacity_tokens working_set_shared_prefix_tokens "
+            "working_set_window_sec working_set_parked"
         ).split()
     ]
 
@@ -142,6 +145,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "kvgate_config_set_idle_grace_sec": (status, [config_p, c_double]),
         "kvgate_config_set_session_retention_sec": (status, [config_p, c_double]),
         "kvgate_config_set_probes": (status, [config_p, USAGE_FN, PREFIX_FN, c_void_p]),
+        "kvgate_config_set_admission_mode": (status, [config_p, c_uint32]),
         "kvgate_new": (status, [config_p, POINTER(gate_p)]),
         "kvgate_free": (None, [gate_p]),
         "kvgate_close": (status, [gate_p]),
@@ -235,17 +239,29 @@ def _bytes(session: bytes) -> tuple:
     return buf, len(session)
 
 
-class Config:
-    """The configuration builder (reference defaults until set)."""
+ADMISSION_MODES = {"working_set": 0, "reference": 1}
 
-    def __init__(self, **knobs: float):
+
+class Config:
+    """The configuration builder (the library's defaults until set).
+
+    `admission_mode` takes "working_set" (the default) or "reference";
+    every other knob is a number of its setter's unit.
+    """
+
+    def __init__(self, **knobs: float | str):
         self._lib = load()
         self._raw = self._lib.kvgate_config_new()
         for name, value in knobs.items():
             setter = getattr(self._lib, f"kvgate_config_set_{name}", None)
             if setter is None:
                 raise TypeError(f"unknown knob {name}")
-            _check(setter(self._raw, float(value)))
+            if name == "admission_mode":
+                if value not in ADMISSION_MODES:
+                    raise ValueError(f"admission_mode {value!r}: expected one of {sorted(ADMISSION_MODES)}")
+                _check(setter(self._raw, ADMISSION_MODES[str(value)]))
+            else:
+                _check(setter(self._raw, float(value)))
 
     def __del__(self) -> None:
         if getattr(self, "_raw", None):

@@ -140,7 +140,7 @@ def binding_checks() -> None:
         check(e.status == kg.Status.INVALID_ARGUMENT, "config error status")
         check("invalid high_watermark: NaN" in e.message, f"config error message: {e.message}")
     engine = ToyEngine(10000)
-    with kg.Gate(kg.Config(wait_poll_sec=30), engine.usage, engine.prefix) as gate:
+    with kg.Gate(kg.Config(admission_mode="reference", wait_poll_sec=30), engine.usage, engine.prefix) as gate:
         lease = gate.acquire(b"agent-0", [1, 2, 3])
         check(lease.reason == kg.Reason.OPEN and math.isnan(lease.hit_ratio), "open admission")
         check(lease.release() == kg.Status.OK, "release")
@@ -199,7 +199,7 @@ def check_struct_layouts() -> None:
 async def proxy_checks(lib_path: Optional[str]) -> None:
     engine = ToyEngine(10000)
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=16)
-    gate = kg.Gate(kg.Config(wait_poll_sec=30, idle_grace_sec=60), engine.usage, engine.prefix)
+    gate = kg.Gate(kg.Config(admission_mode="reference", wait_poll_sec=30, idle_grace_sec=60), engine.usage, engine.prefix)
     proxy = AsyncGate(gate, executor)
     heartbeat = Heartbeat()
     beating = asyncio.create_task(heartbeat.run())
@@ -280,7 +280,7 @@ async def proxy_checks(lib_path: Optional[str]) -> None:
 async def agents(engine: ToyEngine, executor: concurrent.futures.Executor) -> None:
     n_agents, n_turns = 6, 4
     small = ToyEngine(2048)
-    gate = kg.Gate(kg.Config(wait_poll_sec=0.05, idle_grace_sec=0.5), small.usage, small.prefix)
+    gate = kg.Gate(kg.Config(admission_mode="reference", wait_poll_sec=0.05, idle_grace_sec=0.5), small.usage, small.prefix)
     proxy = AsyncGate(gate, executor)
 
     async def agent(i: int) -> int:

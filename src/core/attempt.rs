@@ -26,10 +26,10 @@ use std::ops::Deref;
 use std::time::Duration;
 
 use super::decision::{decide, Decision, Facts, Reason};
+use super::ledger::SessionId;
 use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
 use super::waiters::{Enqueued, Notify, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
-use super::ledger::SessionId;
 use super::working_set::{EngineCapacity, Verdict};
 use super::Core;
 use crate::error::AcquireError;

@@ -42,16 +42,16 @@ pub use stats::{GateStats, ReservationState, SessionStats};
 pub use waiters::Notify;
 
 use crate::config::{AdmissionMode, Config, ConfigError};
-use ledger::{Grants, Ledger, SessionId};
-use working_set::{Tuning, TurnReport, WorkingSet, WorkingSetStats};
 use crate::error::AcquireError;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use decision::Thresholds;
+use ledger::{Grants, Ledger, SessionId};
 use sessions::{bump, Expiry, Reservation, SessionKey, SessionRecord, SessionTable};
 use stats::ShardCounters;
 use timers::{TimerQueue, NEVER};
 pub(crate) use waiters::Slot;
 use waiters::{Waiters, CANCELLED, PREEMPTED};
+use working_set::{Tuning, TurnReport, WorkingSet, WorkingSetStats};
 
 /// Most timer entries one caller fires at once: bounds the latency a purge
 /// adds to whoever happens to look; the rest is left to the next caller.
@@ -364,7 +364,8 @@ impl Core {
             None => self.capacity_event(),
             Some(ledger) => {
                 let id = SessionId::of(&key);
-                let mut grants = ledger.release(&id, turn.prompt_len, report, turn.admitted_at, now);
+                let mut grants =
+                    ledger.release(&id, turn.prompt_len, report, turn.admitted_at, now);
                 if forget {
                     grants.extend(ledger.forget(&id, now));
                 }
@@ -553,6 +554,10 @@ impl Core {
             shard.counters.add_into(&mut s);
         }
         s.waiting_attempts = self.waiters.sleeping() as u64;
+        if let Some(ledger) = &self.ledger {
+            self.hand_over(ledger.purge(now));
+            s.working_set = ledger.stats();
+        }
         s
     }
 

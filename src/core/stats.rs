@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::core::decision::Reason;
+use crate::core::working_set::WorkingSetStats;
 use crate::probe::ProbeAnswer;
 use crate::sync::{AtomicU64, Ordering};
 
@@ -200,6 +201,8 @@ pub struct GateStats {
     pub reserved_in_grace: u64,
     /// Gauge: session records kept.
     pub tracked_sessions: u64,
+    /// Working-set admission's gauges (all zero in reference mode).
+    pub working_set: WorkingSetStats,
 }
 
 impl GateStats {
@@ -363,6 +366,54 @@ impl GateStats {
             ),
         ];
         for (name, kind, help, value) in scalars {
+            family(name, kind, help, &[("", value)]);
+        }
+        let w = &self.working_set;
+        let working_set: [(&str, &str, &str, f64); 7] = [
+            (
+                "working_set_sessions",
+                "gauge",
+                "Sessions in the working set (in flight or within their window).",
+                w.members as f64,
+            ),
+            (
+                "working_set_waiting_sessions",
+                "gauge",
+                "Sessions queued to join the working set.",
+                w.waiting as f64,
+            ),
+            (
+                "working_set_tokens",
+                "gauge",
+                "KV tokens the working set is counted to hold (shared prefix once, ghosts included).",
+                w.load_tokens as f64,
+            ),
+            (
+                "working_set_capacity_tokens",
+                "gauge",
+                "KV capacity in force, tokens (0 while unknown).",
+                w.capacity_tokens as f64,
+            ),
+            (
+                "working_set_shared_prefix_tokens",
+                "gauge",
+                "Prefix shared by sessions, counted once, tokens.",
+                w.shared_prefix_tokens as f64,
+            ),
+            (
+                "working_set_window_seconds",
+                "gauge",
+                "How long a member keeps its place between turns (the engine's cache refill time).",
+                w.window_ns as f64 / 1e9,
+            ),
+            (
+                "working_set_parked_total",
+                "counter",
+                "Members parked because the working set outgrew the cache, or for a waiter past the wait bound.",
+                w.parked as f64,
+            ),
+        ];
+        for (name, kind, help, value) in working_set {
             family(name, kind, help, &[("", value)]);
         }
         out

@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use crate::Probe;
+use crate::{EngineCapacity, Probe};
 
 /// The usage probe (NULL: always unavailable). Asks the engine for its
 /// KV-cache usage as seen by the replica serving a session: writes a
@@ -48,10 +48,30 @@ pub type kvgate_prefix_fn = Option<
 /// (`kvgate_config_set_probes`). Not a C struct: probes are set one setter
 /// at a time, so a new probe (the engine's KV capacity, say) is a new
 /// setter and no struct a host compiled against changes.
+/// Asks the engine serving `session_id` for its KV capacity: writes the
+/// capacity in tokens (vLLM: `num_gpu_blocks × block_size`) to
+/// `*out_tokens`, the tokens per block to `*out_block_tokens`, and the best
+/// prefill throughput it measured, in tokens per second, to
+/// `*out_prefill_tokens_per_sec` (0 for any figure it does not know), and
+/// returns true; returns false if it cannot say. Working-set admission asks
+/// it with every usage probe; reference mode never calls it. Same threading
+/// and `user_data` contract as `kvgate_usage_fn`.
+pub type kvgate_capacity_fn = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        session_id: *const u8,
+        session_id_len: usize,
+        out_tokens: *mut u64,
+        out_block_tokens: *mut u32,
+        out_prefill_tokens_per_sec: *mut f64,
+    ) -> bool,
+>;
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ProbeFns {
     pub(crate) usage: kvgate_usage_fn,
     pub(crate) prefix: kvgate_prefix_fn,
+    pub(crate) capacity: kvgate_capacity_fn,
     pub(crate) user_data: *mut c_void,
 }
 
@@ -60,6 +80,7 @@ impl Default for ProbeFns {
         Self {
             usage: None,
             prefix: None,
+            capacity: None,
             user_data: std::ptr::null_mut(),
         }
     }
@@ -110,6 +131,25 @@ impl Probe for CProbes {
         };
         ok.then_some(out)
     }
+
+    fn kv_cache_capacity(&self, session: &[u8]) -> Option<EngineCapacity> {
+        let capacity = self.0.capacity?;
+        let (mut tokens, mut block, mut rate) = (0u64, 0u32, 0f64);
+        // SAFETY: the host's function with its own `user_data`, a session
+        // slice valid for the call and three writable outputs (the header's contract).
+        let ok = unsafe {
+            capacity(
+                self.0.user_data,
+                session.as_ptr(),
+                session.len(),
+                &mut tokens,
+                &mut block,
+                &mut rate,
+            )
+        };
+        // A NaN, negative or infinite rate is "unknown" (`EngineCapacity::new`).
+        ok.then(|| EngineCapacity::new(tokens, block, rate))
+    }
 }
 
 #[cfg(test)]
@@ -146,6 +186,7 @@ mod tests {
         let probes = CProbes::new(ProbeFns {
             usage: Some(usage_from_user_data),
             prefix: Some(prefix_says_true_writes_nothing),
+            capacity: None,
             user_data: (&mut base as *mut f64).cast(),
         });
         assert_eq!(probes.kv_cache_usage(b"ab"), Some(2.25));

@@ -5,12 +5,12 @@
 //! `Config::duration_from_secs`): a setter applies the value to a copy,
 //! validates the copy, and keeps it only if it is valid.
 
-use super::callbacks::{kvgate_prefix_fn, kvgate_usage_fn, ProbeFns};
+use super::callbacks::{kvgate_capacity_fn, kvgate_prefix_fn, kvgate_usage_fn, ProbeFns};
 use super::error::Failure;
 use super::handles::{self, kvgate_config};
 use super::panic::{ffi_boundary, ffi_status};
 use super::status::kvgate_status;
-use crate::Config;
+use crate::{AdmissionMode, Config};
 
 /// What a `kvgate_config *` holds: the knobs and the host's probes.
 #[derive(Debug, Clone, Default)]
@@ -19,9 +19,11 @@ pub(crate) struct Builder {
     pub(crate) probes: ProbeFns,
 }
 
-/// A new configuration builder holding the reference defaults:
+/// A new configuration builder holding the defaults: working-set admission
+/// (`KVGATE_ADMISSION_MODE_WORKING_SET`), and the reference's
 /// high_watermark 0.85, hit_threshold 0.80, wait_poll_sec 5,
-/// idle_grace_sec 60, session_retention_sec 600.
+/// idle_grace_sec 60, session_retention_sec 600 (the first two and the
+/// grace apply to `KVGATE_ADMISSION_MODE_REFERENCE`).
 ///
 /// The caller owns the builder and frees it with `kvgate_config_free` (it
 /// may be freed right after `kvgate_new`, which copies it). Returns NULL
@@ -213,9 +215,81 @@ pub unsafe extern "C" fn kvgate_config_set_probes(
             usage,
             prefix,
             user_data,
+            ..builder.probes
         };
         Ok(())
     })
+}
+
+/// Sets the capacity probe (`kvgate_capacity_fn`), called with the
+/// `user_data` of `kvgate_config_set_probes`. NULL (the default) means the
+/// engine's capacity is unknown: working-set admission then estimates it
+/// from usage answers. `kvgate_new` copies it with the other probes.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `config`.
+///
+/// # Safety
+/// `config` is NULL or a live builder not used by another thread meanwhile;
+/// the probe obeys the contract of `kvgate_capacity_fn`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_config_set_capacity_probe(
+    config: *mut kvgate_config,
+    capacity: kvgate_capacity_fn,
+) -> kvgate_status {
+    ffi_status("kvgate_config_set_capacity_probe", || {
+        // SAFETY: forwarded (caller).
+        let builder = unsafe { handles::config_mut(config, "config") }?;
+        builder.probes.capacity = capacity;
+        Ok(())
+    })
+}
+
+/// How the gate decides (`kvgate_config_set_admission_mode`). Values are stable.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvgate_admission_mode {
+    /// Working-set admission (the default): sessions are admitted while
+    /// their prefix-cache footprints fit the engine's KV capacity, in FIFO
+    /// order, and keep their place between turns for a window measured
+    /// from the engine.
+    KVGATE_ADMISSION_MODE_WORKING_SET = 0,
+    /// The seed's decision table: usage watermark, reservation, prefix probe.
+    KVGATE_ADMISSION_MODE_REFERENCE = 1,
+}
+
+/// Sets how the gate decides: a `kvgate_admission_mode` value. Default
+/// `KVGATE_ADMISSION_MODE_WORKING_SET`.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` (builder unchanged) for a NULL
+/// `config` or a value that is not a `kvgate_admission_mode`.
+///
+/// # Safety
+/// `config` is NULL or a live builder not used by another thread meanwhile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_config_set_admission_mode(
+    config: *mut kvgate_config,
+    admission: u32,
+) -> kvgate_status {
+    // SAFETY: forwarded (caller).
+    unsafe {
+        set("kvgate_config_set_admission_mode", config, |c| {
+            const WORKING_SET: u32 =
+                kvgate_admission_mode::KVGATE_ADMISSION_MODE_WORKING_SET as u32;
+            const REFERENCE: u32 = kvgate_admission_mode::KVGATE_ADMISSION_MODE_REFERENCE as u32;
+            c.admission = match admission {
+                WORKING_SET => AdmissionMode::WorkingSet,
+                REFERENCE => AdmissionMode::Reference,
+                other => {
+                    return Err(crate::ConfigError {
+                        field: "admission",
+                        value: other.to_string(),
+                        expected: "KVGATE_ADMISSION_MODE_WORKING_SET (0) or KVGATE_ADMISSION_MODE_REFERENCE (1)",
+                    })
+                }
+            };
+            Ok(())
+        })
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use super::stats::kvgate_session_stats;
 use super::status::{kvgate_reason, kvgate_status};
 use crate::core::Admission;
 use crate::sync::Arc;
-use crate::{AcquireError, Gate};
+use crate::{AcquireError, Gate, TurnReport};
 
 /// A lease handle no admission ever has: lease handles start above 0, so 0
 /// can mark "no lease" in host data structures.
@@ -274,7 +274,41 @@ fn acquire_failure(err: AcquireError, session: &[u8], timeout_ms: i64) -> Failur
 /// `gate` is NULL or a live gate (see `kvgate_free`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvgate_release(gate: *mut kvgate_gate, lease: u64) -> kvgate_status {
-    ffi_status("kvgate_release", || {
+    // SAFETY: forwarded (caller).
+    unsafe { release_reporting("kvgate_release", gate, lease, TurnReport::default()) }
+}
+
+/// `kvgate_release` with what the engine reported of the turn: the prompt
+/// tokens it served from its prefix cache (vLLM's `num_cached_tokens`) and
+/// the tokens the turn generated; a negative value means unknown. Working-set
+/// admission learns the shared prefix, the members' misses and the engine's
+/// prefill rate from these; reference mode ignores them. Same statuses and
+/// thread-safety as `kvgate_release`.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_release_with_report(
+    gate: *mut kvgate_gate,
+    lease: u64,
+    cached_tokens: i64,
+    output_tokens: i64,
+) -> kvgate_status {
+    let known = |n: i64| u64::try_from(n).ok();
+    let report = TurnReport::new(known(cached_tokens), known(output_tokens));
+    // SAFETY: forwarded (caller).
+    unsafe { release_reporting("kvgate_release_with_report", gate, lease, report) }
+}
+
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`).
+unsafe fn release_reporting(
+    function: &'static str,
+    gate: *mut kvgate_gate,
+    lease: u64,
+    report: TurnReport,
+) -> kvgate_status {
+    ffi_status(function, || {
         // SAFETY: forwarded (caller).
         let handle = unsafe { handles::gate_ref(gate, "gate") }?;
         let lease = handle.leases.remove(lease).ok_or_else(|| {
@@ -286,7 +320,8 @@ pub unsafe extern "C" fn kvgate_release(gate: *mut kvgate_gate, lease: u64) -> k
                 ),
             )
         })?;
-        drop(lease); // releases it to the gate, outside the registry's lock
+        // Outside the registry's lock.
+        lease.release_with(report);
         Ok(())
     })
 }

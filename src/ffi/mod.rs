@@ -51,16 +51,17 @@ mod handles;
 mod leases;
 mod panic;
 
-pub use callbacks::{kvgate_prefix_fn, kvgate_usage_fn};
+pub use callbacks::{kvgate_capacity_fn, kvgate_prefix_fn, kvgate_usage_fn};
 pub use config::{
-    kvgate_config_free, kvgate_config_new, kvgate_config_set_high_watermark,
+    kvgate_admission_mode, kvgate_config_free, kvgate_config_new, kvgate_config_set_admission_mode,
+    kvgate_config_set_capacity_probe, kvgate_config_set_high_watermark,
     kvgate_config_set_hit_threshold, kvgate_config_set_idle_grace_sec, kvgate_config_set_probes,
     kvgate_config_set_session_retention_sec, kvgate_config_set_wait_poll_sec,
 };
 pub use error::kvgate_last_error;
 pub use gate::{
     kvgate_acquire, kvgate_admission, kvgate_cancel_session, kvgate_close, kvgate_finish_session,
-    kvgate_free, kvgate_new, kvgate_release, KVGATE_NO_LEASE,
+    kvgate_free, kvgate_new, kvgate_release, kvgate_release_with_report, KVGATE_NO_LEASE,
 };
 pub use handles::{kvgate_config, kvgate_gate};
 pub use stats::{

@@ -77,11 +77,33 @@ pub struct kvgate_stats {
     pub reserved_in_grace: u64,
     /// Gauge: session records kept.
     pub tracked_sessions: u64,
+    /// Admissions `KVGATE_REASON_FITS_WORKING_SET`.
+    pub admissions_fits_working_set: u64,
+    /// Admissions `KVGATE_REASON_EMPTY_WORKING_SET`.
+    pub admissions_empty_working_set: u64,
+    /// Admissions `KVGATE_REASON_WAIT_BOUND`.
+    pub admissions_wait_bound: u64,
+    /// Gauge: sessions in the working set (0 in reference mode).
+    pub working_set_sessions: u64,
+    /// Gauge: sessions queued to join the working set.
+    pub working_set_waiting_sessions: u64,
+    /// Gauge: KV tokens the working set is counted to hold.
+    pub working_set_tokens: u64,
+    /// Gauge: KV capacity in force, tokens (0 while unknown).
+    pub working_set_capacity_tokens: u64,
+    /// Gauge: the prefix shared by sessions, counted once, tokens.
+    pub working_set_shared_prefix_tokens: u64,
+    /// Gauge: how long a member keeps its place between turns, seconds.
+    pub working_set_window_sec: f64,
+    /// Members parked so far.
+    pub working_set_parked: u64,
 }
 
 impl From<&GateStats> for kvgate_stats {
     fn from(s: &GateStats) -> Self {
-        let [open, reserved, unavailable, resident] = s.admissions_by_reason;
+        let [open, reserved, unavailable, resident, fits, empty, wait_bound] =
+            s.admissions_by_reason;
+        let w = &s.working_set;
         Self {
             size: std::mem::size_of::<Self>(),
             admissions: s.total_admissions(),
@@ -112,6 +134,16 @@ impl From<&GateStats> for kvgate_stats {
             reserved_in_flight: s.reserved_in_flight,
             reserved_in_grace: s.reserved_in_grace,
             tracked_sessions: s.tracked_sessions,
+            admissions_fits_working_set: fits,
+            admissions_empty_working_set: empty,
+            admissions_wait_bound: wait_bound,
+            working_set_sessions: w.members as u64,
+            working_set_waiting_sessions: w.waiting as u64,
+            working_set_tokens: w.load_tokens,
+            working_set_capacity_tokens: w.capacity_tokens,
+            working_set_shared_prefix_tokens: w.shared_prefix_tokens,
+            working_set_window_sec: w.window_ns as f64 / 1e9,
+            working_set_parked: w.parked,
         }
     }
 }

@@ -243,6 +243,9 @@ mod tests {
             assert_eq!(c as u32, reason as u32);
             assert_eq!(text(kvgate_reason_str(c as u32)), reason.as_str());
         }
-        assert_eq!(text(kvgate_reason_str(kvgate_reason::ALL.len() as u32)), "unknown");
+        assert_eq!(
+            text(kvgate_reason_str(kvgate_reason::ALL.len() as u32)),
+            "unknown"
+        );
     }
 }
