@@ -19,7 +19,6 @@ use crate::policy::gate::{Action, GateDriver, ProbeKind};
 use crate::policy::router::Router;
 use crate::policy::{Policy, PolicyKind, ProbeTarget};
 use crate::workload::Workload;
-use kvgate::core::working_set::{EngineCapacity, TurnReport, Verdict, WorkingSet};
 use kvgate::core::LeaseToken;
 
 /// Where the engines run and how far the probes travel.
@@ -67,7 +66,6 @@ enum Event {
         session: usize,
         ticket: PinTicket,
     },
-    WsTimer(usize),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +86,6 @@ struct SessionState {
     lease: Option<LeaseToken>,
     issued_ns: u64,
     first_scheduled: Option<(u64, usize)>,
-    admitted_ns: u64,
 }
 
 struct Sim<'a> {
@@ -104,9 +101,6 @@ struct Sim<'a> {
     sessions: Vec<SessionState>,
     gate: Option<GateDriver>,
     cap_queue: VecDeque<usize>,
-    ws: Vec<WorkingSet<usize>>,
-    ws_timer: Vec<u64>,
-    ws_rate: Vec<f64>,
     next_request: ReqId,
     turns: Vec<TurnRecord>,
     sessions_done: usize,
@@ -154,28 +148,10 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
                 lease: None,
                 issued_ns: 0,
                 first_scheduled: None,
-                admitted_ns: 0,
             })
             .collect(),
         gate,
         cap_queue: VecDeque::new(),
-        ws: match &policy.kind {
-            PolicyKind::WorkingSet(t) => (0..deployment.replicas)
-                .map(|_| {
-                    let mut w = WorkingSet::new(*t);
-                    let e = deployment.engine;
-                    w.set_engine(EngineCapacity::new(
-                        e.capacity_tokens() as u64,
-                        e.block_size as u32,
-                        0.0,
-                    ));
-                    w
-                })
-                .collect(),
-            _ => Vec::new(),
-        },
-        ws_timer: vec![u64::MAX; deployment.replicas],
-        ws_rate: vec![0.0; deployment.replicas],
         next_request: 0,
         turns: Vec::with_capacity(workload.num_turns()),
         sessions_done: 0,
@@ -268,12 +244,6 @@ impl Sim<'_> {
                 if self.replicas[replica].expire_pin(session, ticket) {
                     self.kick(replica);
                 }
-            }
-            Event::WsTimer(r) => {
-                if self.ws_timer[r] == self.now {
-                    self.ws_timer[r] = u64::MAX;
-                }
-                self.ws_admit(r);
             }
         }
     }
@@ -380,16 +350,6 @@ impl Sim<'_> {
                     self.cap_queue.push_back(s);
                 }
             }
-            PolicyKind::WorkingSet(_) => {
-                self.route(s);
-                let r = self.sessions[s].replica.expect("routed");
-                let prompt_len = self.workload.sessions[s].turns[self.sessions[s].turn].prompt_len;
-                let v = self.ws[r].request(&s, prompt_len as u64, self.now);
-                if v != Verdict::Wait {
-                    self.ws_admitted(s);
-                }
-                self.ws_admit(r);
-            }
             PolicyKind::Kvgate { .. } => {
                 self.route(s);
                 let prompt_len = self.workload.sessions[s].turns[self.sessions[s].turn].prompt_len;
@@ -452,22 +412,6 @@ impl Sim<'_> {
         for f in &plan.first_scheduled {
             self.sessions[f.session].first_scheduled = Some((self.now, f.hit_tokens));
         }
-        // The capacity probe's prefill rate: what the engine measures of its
-        // own steps (the best prefill throughput of a step mostly prefilling).
-        if !self.ws.is_empty()
-            && plan.prefill_tokens * 4 >= self.deployment.engine.max_num_batched_tokens
-        {
-            let rate = plan.prefill_tokens as f64 / (plan.duration_ns as f64 / 1e9);
-            if rate > self.ws_rate[r] {
-                self.ws_rate[r] = rate;
-                let e = self.deployment.engine;
-                self.ws[r].set_engine(EngineCapacity::new(
-                    e.capacity_tokens() as u64,
-                    e.block_size as u32,
-                    rate,
-                ));
-            }
-        }
         self.events
             .push(self.now + plan.duration_ns, Event::StepDone(r));
     }
@@ -525,20 +469,6 @@ impl Sim<'_> {
         if let (Some(gate), Some(token)) = (self.gate.as_ref(), lease) {
             gate.release(token, self.now);
         }
-        if !self.ws.is_empty() {
-            let admitted = self.sessions[s].admitted_ns;
-            self.ws[r].release(
-                &s,
-                turn.prompt_len as u64,
-                TurnReport::new(Some(hit as u64), Some(turn.output_len as u64)),
-                admitted,
-                self.now,
-            );
-            if last {
-                self.ws[r].finish(&s, self.now);
-            }
-            self.ws_admit(r);
-        }
         if last {
             self.finish_session(s, r);
         } else {
@@ -575,35 +505,6 @@ impl Sim<'_> {
         }
     }
 
-    fn ws_admitted(&mut self, s: usize) {
-        let st = &mut self.sessions[s];
-        if st.issued_ns < self.now {
-            self.slot_waits += 1;
-            self.slot_wait_ns += self.now - st.issued_ns;
-        }
-        st.admitted_ns = self.now;
-        self.submit(s);
-    }
-
-    /// Admits what the working set of replica `r` lets in now, and sets its timer.
-    fn ws_admit(&mut self, r: usize) {
-        let mut out = Vec::new();
-        self.ws[r].admit_waiting(self.now, &mut out);
-        for (s, _) in out {
-            let prompt_len = self.workload.sessions[s].turns[self.sessions[s].turn].prompt_len;
-            let v = self.ws[r].request(&s, prompt_len as u64, self.now);
-            debug_assert_ne!(v, Verdict::Wait);
-            self.ws_admitted(s);
-        }
-        if let Some(at) = self.ws[r].next_deadline() {
-            let at = at.max(self.now);
-            if at < self.ws_timer[r] {
-                self.ws_timer[r] = at;
-                self.events.push(at, Event::WsTimer(r));
-            }
-        }
-    }
-
     /// An impatient client re-issues its turn if it has not started running.
     fn retry_check(&mut self, s: usize, turn: usize, issue: u32) {
         let st = &self.sessions[s];
@@ -631,11 +532,6 @@ impl Sim<'_> {
             assert!(self.replicas[replica].abort_unscheduled(id));
             if let (Some(gate), Some(token)) = (self.gate.as_ref(), st.lease.take()) {
                 gate.release(token, self.now);
-            }
-            if !self.ws.is_empty() {
-                let prompt = self.workload.sessions[s].turns[turn].prompt_len as u64;
-                let admitted = self.sessions[s].admitted_ns;
-                self.ws[replica].release(&s, prompt, TurnReport::default(), admitted, self.now);
             }
         }
         // Under kvgate a waiting attempt is preempted by this newer one.

@@ -33,8 +33,6 @@ pub enum PolicyKind {
     },
     /// At most this many sessions in flight per replica.
     Cap(usize),
-    /// Working-set admission prototype (kvgate::core::working_set), one per replica.
-    WorkingSet(kvgate::core::working_set::Tuning),
     /// Engine-side pins for this long after each turn, ns.
     TtlPin {
         /// Pin lifetime, ns.
@@ -78,7 +76,6 @@ impl Policy {
                 }
             ),
             PolicyKind::Cap(k) => format!("at most {k} sessions in flight per replica"),
-            PolicyKind::WorkingSet(t) => format!("working set: {t:?}"),
             PolicyKind::TtlPin { ttl_ns } => format!(
                 "engine pins a session's blocks for {} s after each turn",
                 *ttl_ns as f64 / 1e9
@@ -118,20 +115,6 @@ impl Policy {
             );
         } else {
             entry.kind = head.to_string();
-        }
-        if head == "ws" {
-            let mut t = kvgate::core::working_set::Tuning::default();
-            for (k, v) in kv {
-                match k {
-                    "miss" => t.miss_tolerance = num(v)?,
-                    "bound" => t.wait_bound_windows = num(v)?,
-                    other => return Err(format!("unknown parameter `{other}` in `{spec}`")),
-                }
-            }
-            return Ok(Policy {
-                name: spec.to_string(),
-                kind: PolicyKind::WorkingSet(t),
-            });
         }
         for (k, v) in kv {
             match k {
