@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+use crate::policy::Policy;
+use crate::scenario::Scenario;
+
 /// Parsed options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
@@ -30,7 +33,9 @@ OPTIONS:
     --seed N       workload seed [default: the scenario's]
     --out DIR      output root; files go to DIR/<scenario>/ [default: target/kvgate-sim]
     --policies L   comma-separated policies: names from the scenario, or specs such as
-                   none, kvgate, kvgate:wm=0.3,hit=0.5,grace=10,poll=0.5, cap-8, ttl-pin:ttl=2
+                   none, kvgate, kvgate:wm=0.3,hit=0.5,grace=10,poll=0.5, cap-8, ttl-pin:ttl=2,
+                   and cap-best (the hindsight-best fixed cap, found by sweeping K)
+                   [default: the scenario's, the peer policies and cap-best]
     --sweep        run a grid of kvgate knobs (watermark, hit threshold, idle grace,
                    poll) on the scenario and rank them, instead of the comparison
     -h, --help     this text";
@@ -74,6 +79,31 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         }
     }
     Ok(Some(o))
+}
+
+/// The pseudo-policy that adds the hindsight-best fixed cap to a table.
+pub const CAP_BEST: &str = "cap-best";
+
+/// Peer policies every comparison shows beside the scenario's own.
+pub const PEERS: [&str; 0] = [];
+
+/// A scenario's own policies, then the peers it does not name itself.
+pub fn default_policies(scenario: &Scenario) -> Vec<Policy> {
+    let mut out = scenario.policies.clone();
+    for peer in PEERS {
+        if !out.iter().any(|p| p.name == peer) {
+            out.push(Policy::parse(peer).expect("built-in peer spec"));
+        }
+    }
+    out
+}
+
+/// A policy by its name in the scenario, else by its compact spec.
+pub fn resolve(scenario: &Scenario, name: &str) -> Result<Policy, String> {
+    match scenario.policies.iter().find(|p| p.name == name) {
+        Some(p) => Ok(p.clone()),
+        None => Policy::parse(name),
+    }
 }
 
 /// Splits a policy list on commas; a segment with `=` and no `:` continues

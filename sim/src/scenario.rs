@@ -55,6 +55,7 @@ struct EngineFile {
     beta0_ms: f64,
     beta1_us: f64,
     beta2_us: f64,
+    beta3_us: f64,
 }
 
 impl Default for EngineFile {
@@ -69,6 +70,7 @@ impl Default for EngineFile {
             beta0_ms: d.cost.beta0_ms,
             beta1_us: d.cost.beta1_us,
             beta2_us: d.cost.beta2_us,
+            beta3_us: d.cost.beta3_us,
         }
     }
 }
@@ -85,6 +87,7 @@ impl From<EngineFile> for EngineConfig {
                 beta0_ms: f.beta0_ms,
                 beta1_us: f.beta1_us,
                 beta2_us: f.beta2_us,
+                beta3_us: f.beta3_us,
             },
         }
     }

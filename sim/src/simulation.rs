@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use crate::bound;
 use crate::engine::pins::PinTicket;
 use crate::engine::{EngineConfig, EngineStats, Finished, NewRequest, Replica, ReqId};
 use crate::events::EventQueue;
@@ -18,7 +19,7 @@ use crate::metrics::{RunResult, TurnRecord};
 use crate::policy::gate::{Action, GateDriver, ProbeKind};
 use crate::policy::router::Router;
 use crate::policy::{Policy, PolicyKind, ProbeTarget};
-use crate::workload::Workload;
+use crate::workload::{Start, Workload};
 use kvgate::core::LeaseToken;
 
 /// Where the engines run and how far the probes travel.
@@ -85,6 +86,10 @@ struct SessionState {
     issue: u32,
     lease: Option<LeaseToken>,
     issued_ns: u64,
+    /// When the client sent the current turn (before any wait at the policy).
+    arrived_ns: u64,
+    /// When the current turn last went to the engine.
+    submitted_ns: u64,
     first_scheduled: Option<(u64, usize)>,
 }
 
@@ -109,6 +114,10 @@ struct Sim<'a> {
     slot_wait_ns: u64,
     reissues: u64,
     actions: Vec<Action>,
+    /// Per wave: sessions finished so far.
+    wave_finished: Vec<usize>,
+    /// Per wave: the sessions that start once `count` of its sessions finished.
+    wave_waiters: Vec<Vec<(usize, usize)>>,
 }
 
 /// Runs one policy over `workload` on `deployment`. Deterministic.
@@ -147,6 +156,8 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
                 issue: 0,
                 lease: None,
                 issued_ns: 0,
+                arrived_ns: 0,
+                submitted_ns: 0,
                 first_scheduled: None,
             })
             .collect(),
@@ -160,9 +171,19 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         slot_wait_ns: 0,
         reissues: 0,
         actions: Vec::new(),
+        wave_finished: Vec::new(),
+        wave_waiters: Vec::new(),
     };
-    for s in 0..n {
-        sim.events.push(0, Event::TurnReady(s));
+    for (s, session) in workload.sessions.iter().enumerate() {
+        match session.start {
+            Start::At(t) => sim.events.push(t, Event::TurnReady(s)),
+            Start::AfterFinishes { wave, count } => {
+                if sim.wave_waiters.len() <= wave {
+                    sim.wave_waiters.resize(wave + 1, Vec::new());
+                }
+                sim.wave_waiters[wave].push((s, count));
+            }
+        }
     }
     let mut finished = true;
     while let Some((at, event)) = sim.events.pop() {
@@ -198,6 +219,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         slot_wait_ns: sim.slot_wait_ns,
         reissues: sim.reissues,
         turns: sim.turns,
+        bound: bound::lower_bound(&deployment.engine, deployment.replicas, workload),
         wall_ms: started.elapsed().as_secs_f64() * 1e3,
     }
 }
@@ -315,6 +337,7 @@ impl Sim<'_> {
         let st = &mut self.sessions[s];
         debug_assert!(matches!(st.phase, Phase::NotStarted | Phase::Tool));
         st.issued_ns = self.now;
+        st.arrived_ns = self.now;
         st.issue = 0;
         st.first_scheduled = None;
         let turn = st.turn;
@@ -378,6 +401,7 @@ impl Sim<'_> {
         self.next_request += 1;
         let id = self.next_request;
         st.phase = Phase::InEngine(id);
+        st.submitted_ns = self.now;
         let last = st.turn + 1 == session.turns.len();
         self.replicas[replica].add(NewRequest {
             id,
@@ -445,6 +469,8 @@ impl Sim<'_> {
             turn: st.turn,
             last,
             issued_ns: st.issued_ns,
+            arrived_ns: st.arrived_ns,
+            submitted_ns: st.submitted_ns,
             first_scheduled_ns: first_ns,
             completed_ns: self.now,
             prompt_len: turn.prompt_len,
@@ -484,6 +510,7 @@ impl Sim<'_> {
         self.sessions[s].phase = Phase::Done;
         self.sessions_done += 1;
         self.last_finish_ns = self.now;
+        self.start_next_wave(self.workload.sessions[s].wave);
         if let Some(gate) = self.gate.as_ref() {
             gate.finish_session(s, self.now);
         }
@@ -501,6 +528,20 @@ impl Sim<'_> {
                 self.slot_wait_ns += self.now - st.issued_ns;
                 st.issued_ns = self.now;
                 self.submit(q);
+            }
+        }
+    }
+
+    /// Starts the sessions waiting for one more of `wave`'s sessions to finish.
+    fn start_next_wave(&mut self, wave: usize) {
+        if self.wave_finished.len() <= wave {
+            self.wave_finished.resize(wave + 1, 0);
+        }
+        self.wave_finished[wave] += 1;
+        let done = self.wave_finished[wave];
+        if let Some(waiters) = self.wave_waiters.get_mut(wave) {
+            for &(s, _) in waiters.iter().filter(|&&(_, count)| count == done) {
+                self.events.push(self.now, Event::TurnReady(s));
             }
         }
     }

@@ -90,6 +90,80 @@ pub fn run_all(
         .collect()
 }
 
+/// Caps tried exhaustively up to this K; above it, coarse then fine.
+pub const EXHAUSTIVE_CAPS: usize = 48;
+
+/// The hindsight-best fixed cap on one workload and seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapBest {
+    /// Its K (sessions in flight per replica).
+    pub k: usize,
+    /// Its run, named `cap-best (K=k)`.
+    pub summary: Summary,
+    /// How many caps were simulated to find it.
+    pub tried: usize,
+}
+
+/// Finds the fixed cap with the shortest makespan (ties: the smaller K) by
+/// sweeping K = 1 … ⌈sessions / replicas⌉ on the same workload and seed.
+/// Up to [`EXHAUSTIVE_CAPS`] every K is run. Above, every ⌈max/24⌉-th K is
+/// run, then every K within one stride of the best of those: exact unless
+/// the makespan has a second, narrower valley more than a stride away from
+/// the coarse best (makespan against K is chaotic by a few percent, so
+/// that is possible but costs at most that much).
+pub fn cap_best(scenario: &Scenario, seed: u64, threads: usize) -> CapBest {
+    let replicas = scenario.deployment.replicas;
+    let max_k = scenario.workload.total_sessions().div_ceil(replicas).max(1);
+    let run = |ks: &[usize]| -> Vec<(usize, Summary)> {
+        let policies: Vec<Policy> = ks
+            .iter()
+            .map(|&k| Policy {
+                name: format!("cap-{k}"),
+                kind: PolicyKind::Cap(k),
+            })
+            .collect();
+        ks.iter()
+            .copied()
+            .zip(run_all(scenario, seed, &policies, threads))
+            .collect()
+    };
+    let mut results = if max_k <= EXHAUSTIVE_CAPS {
+        run(&(1..=max_k).collect::<Vec<_>>())
+    } else {
+        let stride = max_k.div_ceil(24);
+        let mut coarse: Vec<usize> = (1..=max_k).step_by(stride).collect();
+        if coarse.last() != Some(&max_k) {
+            coarse.push(max_k);
+        }
+        let mut results = run(&coarse);
+        let best = best_of(&results).0;
+        let fine: Vec<usize> = (best.saturating_sub(stride - 1).max(1)
+            ..=(best + stride - 1).min(max_k))
+            .filter(|k| !coarse.contains(k))
+            .collect();
+        results.extend(run(&fine));
+        results
+    };
+    let tried = results.len();
+    let (k, mut summary) = best_of(&results);
+    results.clear();
+    summary.policy = format!("cap-best (K={k})");
+    CapBest { k, summary, tried }
+}
+
+fn best_of(results: &[(usize, Summary)]) -> (usize, Summary) {
+    results
+        .iter()
+        .min_by(|(ka, a), (kb, b)| {
+            b.finished
+                .cmp(&a.finished)
+                .then(a.makespan_s.total_cmp(&b.makespan_s))
+                .then(ka.cmp(kb))
+        })
+        .map(|(k, s)| (*k, s.clone()))
+        .expect("at least one cap")
+}
+
 /// The ranking: unfinished runs last, then by makespan.
 pub fn ranked(mut rows: Vec<Summary>) -> Vec<Summary> {
     rows.sort_by(|a, b| {
