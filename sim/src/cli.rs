@@ -85,7 +85,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
 pub const CAP_BEST: &str = "cap-best";
 
 /// Peer policies every comparison shows beside the scenario's own.
-pub const PEERS: [&str; 0] = [];
+pub const PEERS: [&str; 2] = ["thunderagent", "progress-ttl"];
 
 /// A scenario's own policies, then the peers it does not name itself.
 pub fn default_policies(scenario: &Scenario) -> Vec<Policy> {

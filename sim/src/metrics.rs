@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::bound::Bound;
 use crate::engine::EngineStats;
+use crate::policy::program::ProgramStats;
 use crate::policy::Policy;
 
 /// One completed turn.
@@ -75,6 +76,8 @@ pub struct RunResult {
     pub engine: EngineStats,
     /// The gate's own figures (kvgate policies only).
     pub gate: Option<GateStats>,
+    /// A program scheduler's figures (the peer policies only).
+    pub program: Option<ProgramStats>,
     /// `cap-K`: sessions that waited for a slot, and the total wait, ns.
     pub slot_waits: u64,
     /// See `slot_waits`.
@@ -186,13 +189,13 @@ impl RunResult {
                     g.admissions_by_reason,
                 )
             }
-            None => (
-                self.slot_waits,
-                self.slot_wait_ns as f64 / 1e9,
-                0,
-                0.0,
-                [0; 4],
-            ),
+            // Cap slots and program schedulers: every turn the policy held.
+            None => {
+                let held = self.turns.iter().filter(|t| t.policy_wait_ns() > 0);
+                let (n, ns) =
+                    held.fold((0u64, 0u64), |(n, ns), t| (n + 1, ns + t.policy_wait_ns()));
+                (n, ns as f64 / 1e9, 0, 0.0, [0; 4])
+            }
         };
         let mut client: Vec<u64> = self
             .turns

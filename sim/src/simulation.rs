@@ -17,7 +17,10 @@ use crate::engine::{EngineConfig, EngineStats, Finished, NewRequest, Replica, Re
 use crate::events::EventQueue;
 use crate::metrics::{RunResult, TurnRecord};
 use crate::policy::gate::{Action, GateDriver, ProbeKind};
+use crate::policy::program::{EngineView, ProgramScheduler};
+use crate::policy::progress_ttl::ProgressTtl;
 use crate::policy::router::Router;
+use crate::policy::thunderagent::ThunderAgent;
 use crate::policy::{Policy, PolicyKind, ProbeTarget};
 use crate::workload::{Start, Workload};
 use kvgate::core::LeaseToken;
@@ -67,6 +70,8 @@ enum Event {
         session: usize,
         ticket: PinTicket,
     },
+    /// A program scheduler's deadline (its tick, a TTL, a timeout).
+    ProgramTimer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +86,8 @@ enum Phase {
 #[derive(Debug)]
 struct SessionState {
     replica: Option<usize>,
+    /// The replica the sticky router counted it on, released when it finishes.
+    router_slot: Option<usize>,
     turn: usize,
     phase: Phase,
     issue: u32,
@@ -105,6 +112,10 @@ struct Sim<'a> {
     router: Router,
     sessions: Vec<SessionState>,
     gate: Option<GateDriver>,
+    program: Option<Box<dyn ProgramScheduler>>,
+    program_timer: Option<u64>,
+    engine_views: Vec<EngineView>,
+    released: Vec<(usize, usize)>,
     cap_queue: VecDeque<usize>,
     next_request: ReqId,
     turns: Vec<TurnRecord>,
@@ -136,6 +147,23 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         }
         _ => None,
     };
+    let capacity = deployment.engine.num_gpu_blocks * deployment.engine.block_size;
+    let program: Option<Box<dyn ProgramScheduler>> = match &policy.kind {
+        PolicyKind::ThunderAgent(c) => Some(Box::new(ThunderAgent::new(
+            *c,
+            capacity,
+            deployment.replicas,
+            n,
+        ))),
+        PolicyKind::ProgressTtl(c) => Some(Box::new(ProgressTtl::new(
+            *c,
+            deployment.engine.capacity_tokens(),
+            deployment.replicas,
+            n,
+            workload.shared_prefix_tokens,
+        ))),
+        _ => None,
+    };
     let mut sim = Sim {
         now: 0,
         events: EventQueue::default(),
@@ -151,6 +179,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         sessions: (0..n)
             .map(|_| SessionState {
                 replica: None,
+                router_slot: None,
                 turn: 0,
                 phase: Phase::NotStarted,
                 issue: 0,
@@ -162,6 +191,10 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
             })
             .collect(),
         gate,
+        program,
+        program_timer: None,
+        engine_views: vec![EngineView::default(); deployment.replicas],
+        released: Vec::new(),
         cap_queue: VecDeque::new(),
         next_request: 0,
         turns: Vec::with_capacity(workload.num_turns()),
@@ -196,6 +229,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         sim.now = at;
         sim.dispatch(event);
         sim.drain_gate();
+        sim.drive_program();
         if sim.sessions_done == n {
             break;
         }
@@ -215,6 +249,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         finished,
         engine,
         gate: sim.gate.as_ref().map(|g| g.stats(sim.now)),
+        program: sim.program.as_ref().map(|p| p.stats()),
         slot_waits: sim.slot_waits,
         slot_wait_ns: sim.slot_wait_ns,
         reissues: sim.reissues,
@@ -266,6 +301,34 @@ impl Sim<'_> {
                 if self.replicas[replica].expire_pin(session, ticket) {
                     self.kick(replica);
                 }
+            }
+            Event::ProgramTimer => self.program_timer = None,
+        }
+    }
+
+    /// Lets a program scheduler release what it may after the last event,
+    /// and keeps one timer armed for its next deadline.
+    fn drive_program(&mut self) {
+        let Some(program) = self.program.as_mut() else {
+            return;
+        };
+        for (view, r) in self.engine_views.iter_mut().zip(&self.replicas) {
+            view.waiting = r.num_waiting();
+        }
+        let mut released = std::mem::take(&mut self.released);
+        program.poll(self.now, &self.engine_views, &mut released);
+        let next = program.next_deadline();
+        for (s, r) in released.drain(..) {
+            debug_assert_eq!(self.sessions[s].phase, Phase::AtPolicy);
+            self.sessions[s].replica = Some(r);
+            self.submit(s);
+        }
+        self.released = released;
+        if let Some(at) = next {
+            let at = at.max(self.now + 1);
+            if self.program_timer.is_none_or(|armed| at < armed) {
+                self.program_timer = Some(at);
+                self.events.push(at, Event::ProgramTimer);
             }
         }
     }
@@ -368,9 +431,24 @@ impl Sim<'_> {
                     self.submit(s);
                 } else if let Some(r) = self.router.assign_below(k) {
                     self.sessions[s].replica = Some(r);
+                    self.sessions[s].router_slot = Some(r);
                     self.submit(s);
                 } else {
                     self.cap_queue.push_back(s);
+                }
+            }
+            PolicyKind::ThunderAgent(_) | PolicyKind::ProgressTtl(_) => {
+                self.route(s);
+                let prompt_len = self.workload.sessions[s].turns[self.sessions[s].turn].prompt_len;
+                let routed = self.sessions[s].replica.expect("routed");
+                for (view, r) in self.engine_views.iter_mut().zip(&self.replicas) {
+                    view.waiting = r.num_waiting();
+                }
+                let program = self.program.as_mut().expect("program scheduler");
+                if let Some(r) = program.arrive(s, prompt_len, routed, self.now, &self.engine_views)
+                {
+                    self.sessions[s].replica = Some(r);
+                    self.submit(s);
                 }
             }
             PolicyKind::Kvgate { .. } => {
@@ -388,7 +466,9 @@ impl Sim<'_> {
 
     fn route(&mut self, s: usize) {
         if self.sessions[s].replica.is_none() {
-            self.sessions[s].replica = Some(self.router.assign());
+            let r = self.router.assign();
+            self.sessions[s].replica = Some(r);
+            self.sessions[s].router_slot = Some(r);
         }
     }
 
@@ -495,8 +575,11 @@ impl Sim<'_> {
         if let (Some(gate), Some(token)) = (self.gate.as_ref(), lease) {
             gate.release(token, self.now);
         }
+        if let Some(program) = self.program.as_mut() {
+            program.turn_done(s, turn.prompt_len + turn.output_len, self.now, last);
+        }
         if last {
-            self.finish_session(s, r);
+            self.finish_session(s);
         } else {
             let st = &mut self.sessions[s];
             st.phase = Phase::Tool;
@@ -506,7 +589,7 @@ impl Sim<'_> {
         }
     }
 
-    fn finish_session(&mut self, s: usize, r: usize) {
+    fn finish_session(&mut self, s: usize) {
         self.sessions[s].phase = Phase::Done;
         self.sessions_done += 1;
         self.last_finish_ns = self.now;
@@ -514,7 +597,9 @@ impl Sim<'_> {
         if let Some(gate) = self.gate.as_ref() {
             gate.finish_session(s, self.now);
         }
-        self.router.release(r);
+        if let Some(slot) = self.sessions[s].router_slot {
+            self.router.release(slot);
+        }
         if let PolicyKind::Cap(k) = self.policy.kind {
             while let Some(&q) = self.cap_queue.front() {
                 let Some(replica) = self.router.assign_below(k) else {
@@ -523,6 +608,7 @@ impl Sim<'_> {
                 self.cap_queue.pop_front();
                 let st = &mut self.sessions[q];
                 st.replica = Some(replica);
+                st.router_slot = Some(replica);
                 // The session starts now: its first turn's latency counts from here.
                 self.slot_waits += 1;
                 self.slot_wait_ns += self.now - st.issued_ns;
@@ -554,7 +640,9 @@ impl Sim<'_> {
         }
         let waiting = match st.phase {
             // A session waiting for a cap slot has sent nothing yet.
-            Phase::AtPolicy => !matches!(self.policy.kind, PolicyKind::Cap(_)),
+            // A session waiting for a cap slot or held by a program
+            // scheduler's proxy has sent nothing an engine could start.
+            Phase::AtPolicy => matches!(self.policy.kind, PolicyKind::Kvgate { .. }),
             Phase::InEngine(id) => {
                 let replica = st.replica.expect("routed");
                 self.replicas[replica].is_unscheduled(id)

@@ -134,7 +134,7 @@ fn staggered_and_wave_starts_by_hand() {
 
 #[test]
 fn no_policy_beats_the_bound_on_any_built_in_scenario() {
-    let specs = ["none", "kvgate", "cap-16"];
+    let specs = ["none", "kvgate", "cap-16", "thunderagent", "progress-ttl"];
     for (name, _) in BUILT_IN {
         let s = Scenario::load(name).unwrap();
         let policies: Vec<_> = specs

@@ -230,6 +230,11 @@ impl Replica {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
+    /// Requests in the waiting queue (what vLLM's `num_requests_waiting` says).
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
     /// Requests waiting plus running: the router's load figure.
     pub fn num_requests(&self) -> usize {
         self.waiting.len() + self.running.len()

@@ -9,9 +9,17 @@
 //!   first turn to its last (what a user would try first).
 //! - `ttl-pin`: Continuum-style: the engine pins a session's blocks for a
 //!   TTL after each turn (see `engine::pins`); no admission control.
+//! - `thunderagent`: ThunderAgent's program scheduler ([`thunderagent`]).
+//! - `progress-ttl`: vllm-router's Progress-TTL scheduler ([`progress_ttl`]).
+//!
+//! The two peers are what a user would deploy instead of kvgate; they are
+//! implemented from their published rules with their published defaults.
 
 pub mod gate;
+pub mod program;
+pub mod progress_ttl;
 pub mod router;
+pub mod thunderagent;
 
 use std::time::Duration;
 
@@ -38,6 +46,10 @@ pub enum PolicyKind {
         /// Pin lifetime, ns.
         ttl_ns: u64,
     },
+    /// ThunderAgent's program scheduler.
+    ThunderAgent(thunderagent::ThunderAgentConfig),
+    /// vllm-router's Progress-TTL program scheduler.
+    ProgressTtl(progress_ttl::ProgressTtlConfig),
 }
 
 /// Which replica the gate's probes ask.
@@ -79,6 +91,18 @@ impl Policy {
             PolicyKind::TtlPin { ttl_ns } => format!(
                 "engine pins a session's blocks for {} s after each turn",
                 *ttl_ns as f64 / 1e9
+            ),
+            PolicyKind::ThunderAgent(c) => format!(
+                "ThunderAgent: token ledger vs KV capacity, checked every {} s; pause acting programs smallest first; +{} tokens per program; forced resume after {} s",
+                c.interval_ns as f64 / 1e9,
+                c.buffer_tokens,
+                c.force_resume_ns as f64 / 1e9
+            ),
+            PolicyKind::ProgressTtl(c) => format!(
+                "vllm-router Progress-TTL: hold while the rank lacks logical room or vLLM has a waiting queue; reservation kept for a fitted TTL <= {} s ({} gap samples first); timeout {} s",
+                c.max_acting_ttl_ns as f64 / 1e9,
+                c.stats_window,
+                c.queue_timeout_ns as f64 / 1e9
             ),
         }
     }
@@ -138,7 +162,7 @@ impl Policy {
 pub struct PolicyEntry {
     /// Label; defaults to the kind (and K for caps).
     pub name: Option<String>,
-    /// `none`, `kvgate`, `cap` or `ttl-pin`.
+    /// `none`, `kvgate`, `cap`, `ttl-pin`, `thunderagent` or `progress-ttl`.
     pub kind: String,
     /// kvgate: high watermark.
     pub high_watermark: Option<f64>,
@@ -236,9 +260,19 @@ impl PolicyEntry {
                     ttl_ns: secs_to_ns(ttl),
                 }
             }
+            "thunderagent" | "progress-ttl" => {
+                if gate_knobs || self.sessions.is_some() || self.ttl_s.is_some() {
+                    return stray("a parameter");
+                }
+                if self.kind == "thunderagent" {
+                    PolicyKind::ThunderAgent(thunderagent::ThunderAgentConfig::default())
+                } else {
+                    PolicyKind::ProgressTtl(progress_ttl::ProgressTtlConfig::default())
+                }
+            }
             other => {
                 return Err(format!(
-                    "unknown policy kind `{other}` (none, kvgate, cap, ttl-pin)"
+                    "unknown policy kind `{other}` (none, kvgate, cap, ttl-pin, thunderagent, progress-ttl)"
                 ))
             }
         };
@@ -265,6 +299,14 @@ mod tests {
     fn compact_specs_parse() {
         assert_eq!(Policy::parse("none").unwrap().kind, PolicyKind::None);
         assert_eq!(Policy::parse("cap-8").unwrap().kind, PolicyKind::Cap(8));
+        assert!(matches!(
+            Policy::parse("thunderagent").unwrap().kind,
+            PolicyKind::ThunderAgent(_)
+        ));
+        assert!(matches!(
+            Policy::parse("progress-ttl").unwrap().kind,
+            PolicyKind::ProgressTtl(_)
+        ));
         assert_eq!(
             Policy::parse("ttl-pin:ttl=3").unwrap().kind,
             PolicyKind::TtlPin {
@@ -306,6 +348,7 @@ mod tests {
             "cap-3:wm=0.5",
             "fifo",
             "kvgate:wm",
+            "thunderagent:ttl=1",
         ] {
             assert!(Policy::parse(bad).is_err(), "{bad}");
         }
