@@ -99,6 +99,15 @@ pub fn lower_bound(engine: &EngineConfig, replicas: usize, workload: &Workload) 
     }
 }
 
+/// Each session's critical path, ns (alone on a warm idle engine).
+pub fn critical_paths(engine: &EngineConfig, workload: &Workload) -> Vec<u64> {
+    workload
+        .sessions
+        .iter()
+        .map(|s| critical_path_ns(engine, s, workload.shared_prefix_tokens))
+        .collect()
+}
+
 /// Tokens turn `k` of `s` must prefill with a warm cache.
 fn new_tokens(s: &Session, k: usize, shared: usize) -> usize {
     let t = &s.turns[k];

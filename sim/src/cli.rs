@@ -18,7 +18,15 @@ pub struct Options {
     pub policies: Option<Vec<String>>,
     /// Sweep kvgate knobs instead of comparing the scenario's policies.
     pub sweep: bool,
+    /// Judge policies over scenarios × seeds against cap-best and the bound.
+    pub judge: bool,
+    /// Seeds for `--judge`.
+    pub seeds: Option<Vec<u64>>,
 }
+
+/// What `--judge` runs when `--policies` is not given (cap-best is always added).
+pub const JUDGE_POLICIES: &str =
+    "none,kvgate,kvgate:wm=0.2,grace=1,poll=1,thunderagent,progress-ttl";
 
 /// Usage text.
 pub const USAGE: &str = "\
@@ -26,6 +34,7 @@ kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and 
 
 USAGE:
     kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--sweep]
+    kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
 
 OPTIONS:
     --scenario S   built-in scenario (thrash, no-pressure, retry-storm, long-tools,
@@ -38,6 +47,11 @@ OPTIONS:
                    [default: the scenario's, the peer policies and cap-best]
     --sweep        run a grid of kvgate knobs (watermark, hit threshold, idle grace,
                    poll) on the scenario and rank them, instead of the comparison
+    --judge        run every policy (compact specs) on every scenario and seed and judge it
+                   against that seed's hindsight-best cap and the makespan lower bound;
+                   writes DIR/judge.{csv,json,md} [default policies: none, kvgate,
+                   kvgate:wm=0.2,grace=1,poll=1, thunderagent, progress-ttl]
+    --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
     -h, --help     this text";
 
 /// Parses `args` (without the program name). `Err` carries the message to
@@ -49,6 +63,8 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         out: None,
         policies: None,
         sweep: false,
+        judge: false,
+        seeds: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -75,6 +91,8 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             "--out" => o.out = Some(PathBuf::from(value("--out")?)),
             "--policies" => o.policies = Some(split_policies(&value("--policies")?)),
             "--sweep" => o.sweep = true,
+            "--judge" => o.judge = true,
+            "--seeds" => o.seeds = Some(crate::judge::parse_seeds(&value("--seeds")?)?),
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
     }
@@ -143,6 +161,9 @@ mod tests {
         assert_eq!((o.scenario.as_str(), o.seed), ("all", Some(9)));
         assert_eq!(o.out, Some(PathBuf::from("/tmp/x")));
         assert!(o.sweep);
+        let o = parse(args("--judge --seeds 1-3")).unwrap().unwrap();
+        assert!(o.judge);
+        assert_eq!(o.seeds, Some(vec![1, 2, 3]));
         let o = parse(args("--seed=3")).unwrap().unwrap();
         assert_eq!(o.seed, Some(3));
         assert!(parse(args("--help")).unwrap().is_none());

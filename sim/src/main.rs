@@ -10,7 +10,7 @@ use kvgate_sim::cli::{self, Options, USAGE};
 use kvgate_sim::policy::Policy;
 use kvgate_sim::scenario::{Scenario, BUILT_IN};
 use kvgate_sim::workload::Workload;
-use kvgate_sim::{bound, compare, plots, report, sweep};
+use kvgate_sim::{bound, compare, judge, plots, report, sweep};
 
 fn main() -> ExitCode {
     let options = match cli::parse(std::env::args().skip(1)) {
@@ -40,6 +40,9 @@ fn run(o: &Options) -> Result<(), String> {
         vec![o.scenario.clone()]
     };
     let out_root = o.out.clone().unwrap_or_else(default_out);
+    if o.judge {
+        return run_judge(o, &names, &out_root);
+    }
     for name in names {
         let scenario = Scenario::load(&name)?;
         let (policies, with_cap_best) = select(&scenario, o.policies.as_deref())?;
@@ -50,6 +53,79 @@ fn run(o: &Options) -> Result<(), String> {
             run_scenario(&scenario, seed, &policies, with_cap_best, &out_root)?;
         }
     }
+    Ok(())
+}
+
+fn run_judge(o: &Options, names: &[String], out_root: &std::path::Path) -> Result<(), String> {
+    let scenarios = names
+        .iter()
+        .map(|n| Scenario::load(n))
+        .collect::<Result<Vec<_>, _>>()?;
+    let specs = match &o.policies {
+        Some(list) => list.clone(),
+        None => cli::split_policies(cli::JUDGE_POLICIES),
+    };
+    let policies = specs
+        .iter()
+        .filter(|s| *s != cli::CAP_BEST)
+        .map(|s| Policy::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let seeds = o.seeds.clone().unwrap_or_else(|| (1..=5).collect());
+    let threads = threads();
+    println!(
+        "== judge: {} scenario(s) x seeds {:?} x {} policies + cap-best, against each seed's best cap and the lower bound ({threads} threads)",
+        scenarios.len(),
+        seeds,
+        policies.len()
+    );
+    for p in &policies {
+        println!("  {:<32} {}", p.name, p.describe());
+    }
+    let started = Instant::now();
+    let verdicts = judge::judge(&scenarios, &seeds, &policies, threads);
+    for s in &scenarios {
+        let rows: Vec<_> = verdicts
+            .iter()
+            .filter(|v| v.scenario == s.name)
+            .cloned()
+            .collect();
+        let ks: Vec<String> = rows
+            .iter()
+            .find(|v| v.policy == "cap-best")
+            .map(|v| {
+                v.seeds
+                    .iter()
+                    .map(|r| format!("{}:K={}", r.seed, r.cap_best_k))
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!(
+            "\n-- {}: {} (cap-best per seed {})",
+            s.name,
+            s.description,
+            ks.join(" ")
+        );
+        print!("{}", judge::table(&rows));
+    }
+    println!("\nx cap-best: makespan over the seed's hindsight-best fixed cap (geometric mean over seeds; below 1 beats it); worst: the worst seed's ratio");
+    println!("hit pts: mean hit rate minus cap-best's; p99 turn: mean over seeds, client view (policy wait included); max wait: longest single wait at the policy, any seed; x bound: makespan over the lower bound");
+    std::fs::create_dir_all(out_root).map_err(|e| format!("{}: {e}", out_root.display()))?;
+    let write = |name: &str, text: String| {
+        let path = out_root.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    write("judge.csv", judge::csv(&verdicts))?;
+    write("judge.md", judge::markdown(&verdicts))?;
+    write(
+        "judge.json",
+        serde_json::to_string_pretty(&verdicts).map_err(|e| e.to_string())? + "\n",
+    )?;
+    let shown = out_root.canonicalize().unwrap_or(out_root.to_path_buf());
+    println!(
+        "judged in {:.1} s; every seed's figures in {}/judge.{{csv,json,md}}",
+        started.elapsed().as_secs_f64(),
+        shown.display()
+    );
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use crate::simulation::Deployment;
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
-pub const BUILT_IN: [(&str, &str); 5] = [
+pub const BUILT_IN: [(&str, &str); 11] = [
     ("thrash", include_str!("../scenarios/thrash.toml")),
     ("no-pressure", include_str!("../scenarios/no-pressure.toml")),
     ("retry-storm", include_str!("../scenarios/retry-storm.toml")),
@@ -20,6 +20,12 @@ pub const BUILT_IN: [(&str, &str); 5] = [
         "multi-replica",
         include_str!("../scenarios/multi-replica.toml"),
     ),
+    ("waves", include_str!("../scenarios/waves.toml")),
+    ("waves-async", include_str!("../scenarios/waves-async.toml")),
+    ("mixed", include_str!("../scenarios/mixed.toml")),
+    ("staggered", include_str!("../scenarios/staggered.toml")),
+    ("poisson", include_str!("../scenarios/poisson.toml")),
+    ("h200", include_str!("../scenarios/h200.toml")),
 ];
 
 /// The scenario run when none is named.

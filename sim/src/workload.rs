@@ -612,6 +612,81 @@ mod tests {
     }
 
     #[test]
+    fn arrivals_start_sessions_as_configured_without_moving_their_draws() {
+        let together = Workload::generate(&cfg(), 16, 4);
+        let mut c = cfg();
+        c.arrival = ArrivalConfig::Staggered { interval_s: 2.0 };
+        let staggered = Workload::generate(&c, 16, 4);
+        let starts: Vec<_> = staggered.sessions.iter().map(|s| s.start).collect();
+        assert_eq!(
+            starts,
+            (0..4)
+                .map(|i| Start::At(i * 2_000_000_000))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(together.sessions[2].turns, staggered.sessions[2].turns);
+        c.arrival = ArrivalConfig::Poisson { rate_per_s: 1.0 };
+        let a = Workload::generate(&c, 16, 4);
+        let b = Workload::generate(&c, 16, 4);
+        let times: Vec<u64> = a
+            .sessions
+            .iter()
+            .map(|s| match s.start {
+                Start::At(t) => t,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(times[0], 0);
+        assert!(times.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(
+            times,
+            b.sessions
+                .iter()
+                .map(|s| match s.start {
+                    Start::At(t) => t,
+                    _ => 0,
+                })
+                .collect::<Vec<_>>()
+        );
+        c.arrival = ArrivalConfig::Waves {
+            wave_sessions: 3,
+            next_wave_after: 0.5,
+        };
+        let w = Workload::generate(&c, 16, 4);
+        assert_eq!(w.sessions[0].start, Start::At(0));
+        assert_eq!(
+            w.sessions[3].start,
+            Start::AfterFinishes { wave: 0, count: 2 }
+        );
+        assert_eq!((w.sessions[2].wave, w.sessions[3].wave), (0, 1));
+    }
+
+    #[test]
+    fn classes_follow_the_first_and_draw_from_their_own_shape() {
+        let mut c = cfg();
+        c.classes.push(ClassConfig {
+            name: "chat".into(),
+            sessions: 2,
+            turns: Uniform { min: 1, max: 1 },
+            task_tokens: Uniform { min: 5, max: 5 },
+            output_tokens: c.output_tokens,
+            tool_result_tokens: c.tool_result_tokens,
+            tool_latency_s: c.tool_latency_s,
+            retry_probability: 0.0,
+        });
+        assert_eq!(c.total_sessions(), 6);
+        let w = Workload::generate(&c, 16, 9);
+        let plain = Workload::generate(&cfg(), 16, 9);
+        assert_eq!(w.sessions.len(), 6);
+        assert_eq!(w.sessions[3].turns, plain.sessions[3].turns);
+        for s in &w.sessions[4..] {
+            assert_eq!(s.class, 1);
+            assert_eq!(s.turns.len(), 1);
+            assert_eq!(s.turns[0].prompt_len, 64 + 5);
+        }
+    }
+
+    #[test]
     fn validation_refuses_nonsense() {
         assert!(cfg().validate().is_ok());
         let mut bad = cfg();
@@ -622,6 +697,12 @@ mod tests {
         assert!(bad.validate().is_err());
         let mut bad = cfg();
         bad.tool_latency_s.median = 0.0;
+        assert!(bad.validate().is_err());
+        let mut bad = cfg();
+        bad.arrival = ArrivalConfig::Waves {
+            wave_sessions: 2,
+            next_wave_after: 0.0,
+        };
         assert!(bad.validate().is_err());
     }
 }
