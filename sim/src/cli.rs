@@ -22,6 +22,8 @@ pub struct Options {
     pub judge: bool,
     /// Seeds for `--judge`.
     pub seeds: Option<Vec<u64>>,
+    /// Fit step-time coefficients from a real engine's step CSV.
+    pub fit_steps: Option<PathBuf>,
 }
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
@@ -35,6 +37,7 @@ kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and 
 USAGE:
     kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--sweep]
     kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
+    kvgate-sim --fit-steps STEPS.csv
 
 OPTIONS:
     --scenario S   built-in scenario (thrash, no-pressure, retry-storm, long-tools,
@@ -52,6 +55,8 @@ OPTIONS:
                    writes DIR/judge.{csv,json,md} [default policies: none, kvgate,
                    kvgate:wm=0.2,grace=1,poll=1, thunderagent, progress-ttl]
     --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
+    --fit-steps F  fit beta0..beta2 (beta3 with a context_tokens column) to a real engine's
+                   step timings (the CSV of real_engine.py --steps-csv) and print them
     -h, --help     this text";
 
 /// Parses `args` (without the program name). `Err` carries the message to
@@ -65,6 +70,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         sweep: false,
         judge: false,
         seeds: None,
+        fit_steps: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -92,6 +98,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             "--policies" => o.policies = Some(split_policies(&value("--policies")?)),
             "--sweep" => o.sweep = true,
             "--judge" => o.judge = true,
+            "--fit-steps" => o.fit_steps = Some(PathBuf::from(value("--fit-steps")?)),
             "--seeds" => o.seeds = Some(crate::judge::parse_seeds(&value("--seeds")?)?),
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }

@@ -10,6 +10,7 @@ pub mod bound;
 pub mod cli;
 pub mod engine;
 pub mod events;
+pub mod fit;
 pub mod judge;
 pub mod metrics;
 pub mod plots;

@@ -10,7 +10,7 @@ use kvgate_sim::cli::{self, Options, USAGE};
 use kvgate_sim::policy::Policy;
 use kvgate_sim::scenario::{Scenario, BUILT_IN};
 use kvgate_sim::workload::Workload;
-use kvgate_sim::{bound, compare, judge, plots, report, sweep};
+use kvgate_sim::{bound, compare, fit, judge, plots, report, sweep};
 
 fn main() -> ExitCode {
     let options = match cli::parse(std::env::args().skip(1)) {
@@ -34,6 +34,12 @@ fn main() -> ExitCode {
 }
 
 fn run(o: &Options) -> Result<(), String> {
+    if let Some(path) = &o.fit_steps {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let fit = fit::fit_csv(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        print!("{}", fit::report(&fit));
+        return Ok(());
+    }
     let names: Vec<String> = if o.scenario == "all" {
         BUILT_IN.iter().map(|(n, _)| n.to_string()).collect()
     } else {

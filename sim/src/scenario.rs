@@ -11,7 +11,7 @@ use crate::simulation::Deployment;
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
-pub const BUILT_IN: [(&str, &str); 11] = [
+pub const BUILT_IN: [(&str, &str); 12] = [
     ("thrash", include_str!("../scenarios/thrash.toml")),
     ("no-pressure", include_str!("../scenarios/no-pressure.toml")),
     ("retry-storm", include_str!("../scenarios/retry-storm.toml")),
@@ -26,6 +26,7 @@ pub const BUILT_IN: [(&str, &str); 11] = [
     ("staggered", include_str!("../scenarios/staggered.toml")),
     ("poisson", include_str!("../scenarios/poisson.toml")),
     ("h200", include_str!("../scenarios/h200.toml")),
+    ("real-engine", include_str!("../scenarios/real-engine.toml")),
 ];
 
 /// The scenario run when none is named.

@@ -78,6 +78,42 @@ impl LogNormalSpec {
     }
 }
 
+/// A token count: lognormal (`{ median, sigma, min, max }`) or uniform over
+/// an inclusive integer range (`{ min, max }`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TokenDist {
+    /// A clamped lognormal.
+    LogNormal(LogNormalSpec),
+    /// Uniform over `min..=max`.
+    Uniform(Uniform),
+}
+
+impl TokenDist {
+    fn sample(&self, rng: &mut ChaCha8Rng) -> f64 {
+        match self {
+            Self::LogNormal(d) => d.sample(rng),
+            Self::Uniform(u) => u.sample(rng) as f64,
+        }
+    }
+
+    /// The largest value it can take.
+    pub fn max(&self) -> f64 {
+        match self {
+            Self::LogNormal(d) => d.max,
+            Self::Uniform(u) => u.max as f64,
+        }
+    }
+
+    fn validate(&self, what: &str) -> Result<(), String> {
+        match self {
+            Self::LogNormal(d) => d.validate(what),
+            Self::Uniform(u) if u.min <= u.max => Ok(()),
+            Self::Uniform(u) => Err(format!("{what}: invalid range {u:?}")),
+        }
+    }
+}
+
 /// A scenario's `[workload]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -91,9 +127,9 @@ pub struct WorkloadConfig {
     /// Tokens of each session's own task statement.
     pub task_tokens: Uniform,
     /// Tokens generated per turn.
-    pub output_tokens: LogNormalSpec,
+    pub output_tokens: TokenDist,
     /// Tokens a tool call returns.
-    pub tool_result_tokens: LogNormalSpec,
+    pub tool_result_tokens: TokenDist,
     /// Seconds a tool call takes.
     pub tool_latency_s: LogNormalSpec,
     /// Probability that a turn's client is impatient and retries it.
@@ -133,9 +169,9 @@ pub struct ClassConfig {
     /// Tokens of each session's own task statement.
     pub task_tokens: Uniform,
     /// Tokens generated per turn.
-    pub output_tokens: LogNormalSpec,
+    pub output_tokens: TokenDist,
     /// Tokens a tool call returns.
-    pub tool_result_tokens: LogNormalSpec,
+    pub tool_result_tokens: TokenDist,
     /// Seconds a tool call takes.
     pub tool_latency_s: LogNormalSpec,
     /// Probability that a turn's client is impatient and retries it.
@@ -216,8 +252,8 @@ pub enum Start {
 struct Shape<'a> {
     turns: &'a Uniform,
     task_tokens: &'a Uniform,
-    output_tokens: &'a LogNormalSpec,
-    tool_result_tokens: &'a LogNormalSpec,
+    output_tokens: &'a TokenDist,
+    tool_result_tokens: &'a TokenDist,
     tool_latency_s: &'a LogNormalSpec,
     retry_probability: f64,
 }
@@ -232,7 +268,7 @@ impl<'a> Shape<'a> {
         }
         self.output_tokens
             .validate(&format!("{what}.output_tokens"))?;
-        if self.output_tokens.max < 1.0 {
+        if self.output_tokens.max() < 1.0 {
             return Err(format!("{what}.output_tokens.max must be >= 1"));
         }
         self.tool_result_tokens
@@ -536,18 +572,18 @@ mod tests {
             turns: Uniform { min: 3, max: 6 },
             system_prompt_tokens: 64,
             task_tokens: Uniform { min: 10, max: 40 },
-            output_tokens: LogNormalSpec {
+            output_tokens: TokenDist::LogNormal(LogNormalSpec {
                 median: 20.0,
                 sigma: 0.5,
                 min: 1.0,
                 max: 100.0,
-            },
-            tool_result_tokens: LogNormalSpec {
+            }),
+            tool_result_tokens: TokenDist::LogNormal(LogNormalSpec {
                 median: 50.0,
                 sigma: 0.5,
                 min: 1.0,
                 max: 200.0,
-            },
+            }),
             tool_latency_s: LogNormalSpec {
                 median: 1.0,
                 sigma: 1.0,

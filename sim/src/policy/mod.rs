@@ -21,6 +21,7 @@ pub mod progress_ttl;
 pub mod router;
 pub mod thunderagent;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -149,6 +150,10 @@ impl Policy {
                 "ttl" | "ttl_s" => entry.ttl_s = Some(num(v)?),
                 "sessions" => entry.sessions = Some(num(v)? as usize),
                 "probe" => entry.probe = Some(v.to_string()),
+                // Any other kvgate key passes through to `kvgate_knob`.
+                other if entry.kind == "kvgate" => {
+                    entry.knobs.insert(other.to_string(), v.to_string());
+                }
                 other => return Err(format!("unknown parameter `{other}` in `{spec}`")),
             }
         }
@@ -178,6 +183,21 @@ pub struct PolicyEntry {
     pub ttl_s: Option<f64>,
     /// kvgate: `session-replica` (default) or `first-replica`.
     pub probe: Option<String>,
+    /// kvgate: further knobs by name (`knobs = { mode = "..." }` in a
+    /// scenario file; any other `key=value` in a `kvgate:` spec), applied
+    /// by [`kvgate_knob`].
+    #[serde(default)]
+    pub knobs: BTreeMap<String, String>,
+}
+
+/// Sets one more kvgate knob, given by name, on `config`. The place to add
+/// a knob the library grows (e.g. the admission `mode`): one arm here and it
+/// works in `--policies kvgate:mode=...` and in scenario files.
+pub fn kvgate_knob(config: &mut kvgate::Config, key: &str, value: &str) -> Result<(), String> {
+    let _ = config;
+    Err(format!(
+        "unknown kvgate knob `{key}={value}` (known: wm, hit, grace, poll, probe; add others in policy::kvgate_knob)"
+    ))
 }
 
 impl PolicyEntry {
@@ -187,7 +207,8 @@ impl PolicyEntry {
             || self.hit_threshold.is_some()
             || self.idle_grace_s.is_some()
             || self.wait_poll_s.is_some()
-            || self.probe.is_some();
+            || self.probe.is_some()
+            || !self.knobs.is_empty();
         let stray = |what: &str| {
             Err(format!(
                 "policy `{}`: {what} does not apply to kind `{}`",
@@ -217,13 +238,17 @@ impl PolicyEntry {
                             .map_err(|e| format!("policy `{}`: {e}", self.label())),
                     }
                 };
-                let config = kvgate::Config {
+                let mut config = kvgate::Config {
                     high_watermark: self.high_watermark.unwrap_or(d.high_watermark),
                     hit_threshold: self.hit_threshold.unwrap_or(d.hit_threshold),
                     idle_grace: dur("idle_grace", self.idle_grace_s, d.idle_grace)?,
                     wait_poll: dur("wait_poll", self.wait_poll_s, d.wait_poll)?,
                     ..d
                 };
+                for (key, value) in &self.knobs {
+                    kvgate_knob(&mut config, key, value)
+                        .map_err(|e| format!("policy `{}`: {e}", self.label()))?;
+                }
                 config
                     .validate()
                     .map_err(|e| format!("policy `{}`: {e}", self.label()))?;
@@ -348,6 +373,7 @@ mod tests {
             "cap-3:wm=0.5",
             "fifo",
             "kvgate:wm",
+            "kvgate:no_such_knob=1",
             "thunderagent:ttl=1",
         ] {
             assert!(Policy::parse(bad).is_err(), "{bad}");
