@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+use crate::policy::Policy;
+use crate::scenario::Scenario;
+
 /// Parsed options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
@@ -15,7 +18,17 @@ pub struct Options {
     pub policies: Option<Vec<String>>,
     /// Sweep kvgate knobs instead of comparing the scenario's policies.
     pub sweep: bool,
+    /// Judge policies over scenarios × seeds against cap-best and the bound.
+    pub judge: bool,
+    /// Seeds for `--judge`.
+    pub seeds: Option<Vec<u64>>,
+    /// Fit step-time coefficients from a real engine's step CSV.
+    pub fit_steps: Option<PathBuf>,
 }
+
+/// What `--judge` runs when `--policies` is not given (cap-best is always added).
+pub const JUDGE_POLICIES: &str =
+    "none,kvgate,kvgate:wm=0.2,grace=1,poll=1,thunderagent,progress-ttl";
 
 /// Usage text.
 pub const USAGE: &str = "\
@@ -23,6 +36,8 @@ kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and 
 
 USAGE:
     kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--sweep]
+    kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
+    kvgate-sim --fit-steps STEPS.csv
 
 OPTIONS:
     --scenario S   built-in scenario (thrash, no-pressure, retry-storm, long-tools,
@@ -30,9 +45,18 @@ OPTIONS:
     --seed N       workload seed [default: the scenario's]
     --out DIR      output root; files go to DIR/<scenario>/ [default: target/kvgate-sim]
     --policies L   comma-separated policies: names from the scenario, or specs such as
-                   none, kvgate, kvgate:wm=0.3,hit=0.5,grace=10,poll=0.5, cap-8, ttl-pin:ttl=2
+                   none, kvgate, kvgate:wm=0.3,hit=0.5,grace=10,poll=0.5, cap-8, ttl-pin:ttl=2,
+                   and cap-best (the hindsight-best fixed cap, found by sweeping K)
+                   [default: the scenario's, the peer policies and cap-best]
     --sweep        run a grid of kvgate knobs (watermark, hit threshold, idle grace,
                    poll) on the scenario and rank them, instead of the comparison
+    --judge        run every policy (compact specs) on every scenario and seed and judge it
+                   against that seed's hindsight-best cap and the makespan lower bound;
+                   writes DIR/judge.{csv,json,md} [default policies: none, kvgate,
+                   kvgate:wm=0.2,grace=1,poll=1, thunderagent, progress-ttl]
+    --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
+    --fit-steps F  fit beta0..beta2 (beta3 with a context_tokens column) to a real engine's
+                   step timings (the CSV of real_engine.py --steps-csv) and print them
     -h, --help     this text";
 
 /// Parses `args` (without the program name). `Err` carries the message to
@@ -44,6 +68,9 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         out: None,
         policies: None,
         sweep: false,
+        judge: false,
+        seeds: None,
+        fit_steps: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -70,10 +97,38 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             "--out" => o.out = Some(PathBuf::from(value("--out")?)),
             "--policies" => o.policies = Some(split_policies(&value("--policies")?)),
             "--sweep" => o.sweep = true,
+            "--judge" => o.judge = true,
+            "--fit-steps" => o.fit_steps = Some(PathBuf::from(value("--fit-steps")?)),
+            "--seeds" => o.seeds = Some(crate::judge::parse_seeds(&value("--seeds")?)?),
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
     }
     Ok(Some(o))
+}
+
+/// The pseudo-policy that adds the hindsight-best fixed cap to a table.
+pub const CAP_BEST: &str = "cap-best";
+
+/// Peer policies every comparison shows beside the scenario's own.
+pub const PEERS: [&str; 2] = ["thunderagent", "progress-ttl"];
+
+/// A scenario's own policies, then the peers it does not name itself.
+pub fn default_policies(scenario: &Scenario) -> Vec<Policy> {
+    let mut out = scenario.policies.clone();
+    for peer in PEERS {
+        if !out.iter().any(|p| p.name == peer) {
+            out.push(Policy::parse(peer).expect("built-in peer spec"));
+        }
+    }
+    out
+}
+
+/// A policy by its name in the scenario, else by its compact spec.
+pub fn resolve(scenario: &Scenario, name: &str) -> Result<Policy, String> {
+    match scenario.policies.iter().find(|p| p.name == name) {
+        Some(p) => Ok(p.clone()),
+        None => Policy::parse(name),
+    }
 }
 
 /// Splits a policy list on commas; a segment with `=` and no `:` continues
@@ -113,6 +168,9 @@ mod tests {
         assert_eq!((o.scenario.as_str(), o.seed), ("all", Some(9)));
         assert_eq!(o.out, Some(PathBuf::from("/tmp/x")));
         assert!(o.sweep);
+        let o = parse(args("--judge --seeds 1-3")).unwrap().unwrap();
+        assert!(o.judge);
+        assert_eq!(o.seeds, Some(vec![1, 2, 3]));
         let o = parse(args("--seed=3")).unwrap().unwrap();
         assert_eq!(o.seed, Some(3));
         assert!(parse(args("--help")).unwrap().is_none());

@@ -6,9 +6,12 @@
 //! engine model follows vLLM v1's block pool, prefix cache and scheduler
 //! ([`engine`]). Everything is a pure function of the scenario and the seed.
 
+pub mod bound;
 pub mod cli;
 pub mod engine;
 pub mod events;
+pub mod fit;
+pub mod judge;
 pub mod metrics;
 pub mod plots;
 pub mod policy;

@@ -10,7 +10,7 @@ use kvgate_sim::cli::{self, Options, USAGE};
 use kvgate_sim::policy::Policy;
 use kvgate_sim::scenario::{Scenario, BUILT_IN};
 use kvgate_sim::workload::Workload;
-use kvgate_sim::{compare, plots, report, sweep};
+use kvgate_sim::{bound, compare, fit, judge, plots, report, sweep};
 
 fn main() -> ExitCode {
     let options = match cli::parse(std::env::args().skip(1)) {
@@ -34,23 +34,110 @@ fn main() -> ExitCode {
 }
 
 fn run(o: &Options) -> Result<(), String> {
+    if let Some(path) = &o.fit_steps {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let fit = fit::fit_csv(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        print!("{}", fit::report(&fit));
+        return Ok(());
+    }
     let names: Vec<String> = if o.scenario == "all" {
         BUILT_IN.iter().map(|(n, _)| n.to_string()).collect()
     } else {
         vec![o.scenario.clone()]
     };
     let out_root = o.out.clone().unwrap_or_else(default_out);
+    if o.judge {
+        return run_judge(o, &names, &out_root);
+    }
     for name in names {
         let scenario = Scenario::load(&name)?;
-        let policies = select(&scenario, o.policies.as_deref())?;
+        let (policies, with_cap_best) = select(&scenario, o.policies.as_deref())?;
         let seed = o.seed.unwrap_or(scenario.seed);
         if o.sweep {
             run_sweep(&scenario, seed, &policies, &out_root)?;
         } else {
-            run_scenario(&scenario, seed, &policies, &out_root)?;
+            run_scenario(&scenario, seed, &policies, with_cap_best, &out_root)?;
         }
     }
     Ok(())
+}
+
+fn run_judge(o: &Options, names: &[String], out_root: &std::path::Path) -> Result<(), String> {
+    let scenarios = names
+        .iter()
+        .map(|n| Scenario::load(n))
+        .collect::<Result<Vec<_>, _>>()?;
+    let specs = match &o.policies {
+        Some(list) => list.clone(),
+        None => cli::split_policies(cli::JUDGE_POLICIES),
+    };
+    let policies = specs
+        .iter()
+        .filter(|s| *s != cli::CAP_BEST)
+        .map(|s| Policy::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let seeds = o.seeds.clone().unwrap_or_else(|| (1..=5).collect());
+    let threads = threads();
+    println!(
+        "== judge: {} scenario(s) x seeds {:?} x {} policies + cap-best, against each seed's best cap and the lower bound ({threads} threads)",
+        scenarios.len(),
+        seeds,
+        policies.len()
+    );
+    for p in &policies {
+        println!("  {:<32} {}", p.name, p.describe());
+    }
+    let started = Instant::now();
+    let verdicts = judge::judge(&scenarios, &seeds, &policies, threads);
+    for s in &scenarios {
+        let rows: Vec<_> = verdicts
+            .iter()
+            .filter(|v| v.scenario == s.name)
+            .cloned()
+            .collect();
+        let ks: Vec<String> = rows
+            .iter()
+            .find(|v| v.policy == "cap-best")
+            .map(|v| {
+                v.seeds
+                    .iter()
+                    .map(|r| format!("{}:K={}", r.seed, r.cap_best_k))
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!(
+            "\n-- {}: {} (cap-best per seed {})",
+            s.name,
+            s.description,
+            ks.join(" ")
+        );
+        print!("{}", judge::table(&rows));
+    }
+    println!("\nx cap-best: makespan over the seed's hindsight-best fixed cap (geometric mean over seeds; below 1 beats it); worst: the worst seed's ratio");
+    println!("hit pts: mean hit rate minus cap-best's; p99 turn: mean over seeds, client view (policy wait included); max wait: longest single wait at the policy, any seed; x bound: makespan over the lower bound");
+    std::fs::create_dir_all(out_root).map_err(|e| format!("{}: {e}", out_root.display()))?;
+    let write = |name: &str, text: String| {
+        let path = out_root.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    write("judge.csv", judge::csv(&verdicts))?;
+    write("judge.md", judge::markdown(&verdicts))?;
+    write(
+        "judge.json",
+        serde_json::to_string_pretty(&verdicts).map_err(|e| e.to_string())? + "\n",
+    )?;
+    let shown = out_root.canonicalize().unwrap_or(out_root.to_path_buf());
+    println!(
+        "judged in {:.1} s; every seed's figures in {}/judge.{{csv,json,md}}",
+        started.elapsed().as_secs_f64(),
+        shown.display()
+    );
+    Ok(())
+}
+
+/// Worker threads for sweeps: every core.
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// `target/kvgate-sim` of the workspace this binary was built in.
@@ -61,23 +148,26 @@ fn default_out() -> PathBuf {
         .join("kvgate-sim")
 }
 
-fn select(scenario: &Scenario, wanted: Option<&[String]>) -> Result<Vec<Policy>, String> {
+/// The policies to run and whether to add the hindsight-best cap: by
+/// default the scenario's own policies, the peers, and `cap-best`.
+fn select(scenario: &Scenario, wanted: Option<&[String]>) -> Result<(Vec<Policy>, bool), String> {
     let Some(wanted) = wanted else {
-        return Ok(scenario.policies.clone());
+        return Ok((cli::default_policies(scenario), true));
     };
-    wanted
+    let with_cap_best = wanted.iter().any(|w| w == cli::CAP_BEST);
+    let policies = wanted
         .iter()
-        .map(|w| match scenario.policies.iter().find(|p| &p.name == w) {
-            Some(p) => Ok(p.clone()),
-            None => Policy::parse(w),
-        })
-        .collect()
+        .filter(|w| *w != cli::CAP_BEST)
+        .map(|w| cli::resolve(scenario, w))
+        .collect::<Result<_, _>>()?;
+    Ok((policies, with_cap_best))
 }
 
 fn run_scenario(
     scenario: &Scenario,
     seed: u64,
     policies: &[Policy],
+    with_cap_best: bool,
     out_root: &std::path::Path,
 ) -> Result<(), String> {
     let d = &scenario.deployment;
@@ -86,7 +176,7 @@ fn run_scenario(
     let final_history: usize = w.sessions.iter().map(|s| s.max_request_tokens()).sum();
     println!("== scenario {}: {}", scenario.name, scenario.description);
     println!(
-        "seed {seed} | {} replica(s) x {} KV tokens ({} blocks of {}) | budget {} tokens/step | step = {} ms + {} us/prefill tok + {} us/decode tok | probe rtt {} ms",
+        "seed {seed} | {} replica(s) x {} KV tokens ({} blocks of {}) | budget {} tokens/step | step = {} ms + {} us/prefill tok + {} us/decode tok + {:.4} us/context tok | probe rtt {} ms",
         d.replicas,
         d.engine.capacity_tokens(),
         d.engine.num_gpu_blocks,
@@ -95,7 +185,16 @@ fn run_scenario(
         d.engine.cost.beta0_ms,
         d.engine.cost.beta1_us,
         d.engine.cost.beta2_us,
+        d.engine.cost.beta3_us,
         d.probe_rtt_ns as f64 / 1e6
+    );
+    let limit = bound::lower_bound(&d.engine, d.replicas, &w);
+    println!(
+        "the limit: makespan >= {:.1} s (longest critical path {:.1} s, total work at best batch throughput {:.1} s); least possible prefill {:.2} M tokens",
+        limit.makespan_ns as f64 / 1e9,
+        limit.critical_path_ns as f64 / 1e9,
+        limit.total_work_ns as f64 / 1e9,
+        limit.min_prefill_tokens as f64 / 1e6
     );
     println!(
         "{} sessions, {} turns, {:.1} M prompt tokens in all; final histories add up to {:.2} M tokens = {:.1}x the KV cache",
@@ -110,8 +209,18 @@ fn run_scenario(
     }
     let started = Instant::now();
     let runs = compare(scenario, seed, policies);
+    let mut rows: Vec<_> = runs.iter().map(|r| r.summary()).collect();
+    let mut simulated = runs.len();
+    if with_cap_best {
+        let best = sweep::cap_best(scenario, seed, threads());
+        println!(
+            "  {:<16} the hindsight-best fixed cap: K = {} of {} caps tried on this seed",
+            "cap-best", best.k, best.tried
+        );
+        simulated += best.tried;
+        rows.push(best.summary);
+    }
     let elapsed = started.elapsed().as_secs_f64();
-    let rows: Vec<_> = runs.iter().map(|r| r.summary()).collect();
     println!();
     print!("{}", report::table(&rows));
     println!("{}", report::LEGEND);
@@ -122,7 +231,7 @@ fn run_scenario(
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     plots::write(&dir, &scenario.name, &runs, bucket_ns)?;
     let shown = dir.canonicalize().unwrap_or(dir.clone());
-    println!("simulated {} policies in {elapsed:.2} s", runs.len());
+    println!("simulated {simulated} runs in {elapsed:.2} s");
     println!(
         "plots: {0}/hit_rate_over_time.svg, {0}/latency_by_turn.svg",
         shown.display()
@@ -141,7 +250,7 @@ fn run_sweep(
     baselines: &[Policy],
     out_root: &std::path::Path,
 ) -> Result<(), String> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = threads();
     let grid = sweep::grid();
     println!(
         "== sweep of {} kvgate configurations on scenario {} (seed {seed}, {threads} threads)",

@@ -3,7 +3,9 @@
 use kvgate::{GateStats, Reason};
 use serde::Serialize;
 
+use crate::bound::Bound;
 use crate::engine::EngineStats;
+use crate::policy::program::ProgramStats;
 use crate::policy::Policy;
 
 /// One completed turn.
@@ -18,6 +20,10 @@ pub struct TurnRecord {
     /// When the client issued it (the tool returned), ns. For `cap-K`, a
     /// session's first turn counts from the moment it got its slot.
     pub issued_ns: u64,
+    /// When the client sent it, before any wait at the policy, ns.
+    pub arrived_ns: u64,
+    /// When it (last) went to the engine after the policy let it, ns.
+    pub submitted_ns: u64,
     /// When the engine first scheduled it, ns.
     pub first_scheduled_ns: u64,
     /// When its last token was generated, ns.
@@ -43,6 +49,16 @@ impl TurnRecord {
     pub fn latency_ns(&self) -> u64 {
         self.completed_ns - self.issued_ns
     }
+
+    /// What the client saw: sent to completion, the wait at the policy included, ns.
+    pub fn client_latency_ns(&self) -> u64 {
+        self.completed_ns - self.arrived_ns
+    }
+
+    /// Time held at the policy before going to the engine, ns.
+    pub fn policy_wait_ns(&self) -> u64 {
+        self.submitted_ns - self.arrived_ns
+    }
 }
 
 /// Everything one policy's run produced.
@@ -60,12 +76,16 @@ pub struct RunResult {
     pub engine: EngineStats,
     /// The gate's own figures (kvgate policies only).
     pub gate: Option<GateStats>,
+    /// A program scheduler's figures (the peer policies only).
+    pub program: Option<ProgramStats>,
     /// `cap-K`: sessions that waited for a slot, and the total wait, ns.
     pub slot_waits: u64,
     /// See `slot_waits`.
     pub slot_wait_ns: u64,
     /// Turns re-issued by impatient clients.
     pub reissues: u64,
+    /// The workload's limit (same for every policy).
+    pub bound: Bound,
     /// Host time the run took, ms (not deterministic; not in golden tests).
     pub wall_ms: f64,
 }
@@ -111,6 +131,18 @@ pub struct Summary {
     pub early_turn_latency_s: f64,
     /// Mean latency of the last 3 turns, s.
     pub late_turn_latency_s: f64,
+    /// Median turn latency as the client saw it (policy wait included), s.
+    pub p50_turn_latency_s: f64,
+    /// 99th percentile of the same, s.
+    pub p99_turn_latency_s: f64,
+    /// Longest single wait at the policy of any turn of any session, s.
+    pub max_wait_s: f64,
+    /// Makespan over the workload's lower bound (1 = the limit).
+    pub makespan_over_bound: f64,
+    /// The workload's makespan lower bound, s.
+    pub bound_s: f64,
+    /// The least prefill any policy must do, tokens.
+    pub min_prefill_tokens: u64,
 }
 
 /// Turns at each end of a session compared by the late-turn slowdown.
@@ -157,15 +189,33 @@ impl RunResult {
                     g.admissions_by_reason,
                 )
             }
-            None => (
-                self.slot_waits,
-                self.slot_wait_ns as f64 / 1e9,
-                0,
-                0.0,
-                [0; 4],
-            ),
+            // Cap slots and program schedulers: every turn the policy held.
+            None => {
+                let held = self.turns.iter().filter(|t| t.policy_wait_ns() > 0);
+                let (n, ns) =
+                    held.fold((0u64, 0u64), |(n, ns), t| (n + 1, ns + t.policy_wait_ns()));
+                (n, ns as f64 / 1e9, 0, 0.0, [0; 4])
+            }
         };
+        let mut client: Vec<u64> = self
+            .turns
+            .iter()
+            .map(TurnRecord::client_latency_ns)
+            .collect();
+        client.sort_unstable();
+        let max_wait = self
+            .turns
+            .iter()
+            .map(TurnRecord::policy_wait_ns)
+            .max()
+            .unwrap_or(0);
         Summary {
+            p50_turn_latency_s: percentile(&client, 0.50) as f64 / 1e9,
+            p99_turn_latency_s: percentile(&client, 0.99) as f64 / 1e9,
+            max_wait_s: max_wait as f64 / 1e9,
+            makespan_over_bound: self.makespan_ns as f64 / self.bound.makespan_ns.max(1) as f64,
+            bound_s: self.bound.makespan_ns as f64 / 1e9,
+            min_prefill_tokens: self.bound.min_prefill_tokens,
             policy: self.policy.name.clone(),
             finished: self.finished,
             hit_rate: ratio(h, q),
@@ -242,6 +292,15 @@ impl RunResult {
             .map(|k| (k, sum[k] as f64 / n[k] as f64 / 1e9, n[k]))
             .collect()
     }
+}
+
+/// Nearest-rank percentile of sorted values (0 when empty).
+pub fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn sums<'a>(turns: impl Iterator<Item = &'a TurnRecord>) -> (u64, u64) {

@@ -12,7 +12,9 @@ use crate::scenario::Scenario;
 /// Column headers of the printed table, with what each means.
 pub const LEGEND: &str = "\
 hit%: prefix-cache hit rate (hit / prompt tokens at first scheduling); last1/3: same over the last third of the run
-makespan: rollout step wall time; tok/s: generated tokens per second; prefill/re-prefill: Mtokens computed / of those recomputed
+makespan: rollout step wall time; xbound: makespan over the workload's lower bound (1.00 = the limit, see the header)
+tok/s: generated tokens per second; prefill: Mtokens computed; xmin: over the least prefill any policy must do; re-prefill: of those, recomputed
+p50/p99: turn latency as the client saw it (wait at the policy included); max wait: longest single wait at the policy
 preempt: engine preemptions; waits/wait s: turns that waited at the policy (gate sleeps or cap slots) and their total wait
 retries: turns re-issued by impatient clients; att.pre: gate attempts preempted by a newer attempt of their session
 probes/adm: gate probe calls per admission; late/early: mean latency of each session's last 3 turns over its first 3";
@@ -24,12 +26,17 @@ pub fn table(rows: &[Summary]) -> String {
         "hit%",
         "last1/3",
         "makespan",
+        "xbound",
         "tok/s",
         "prefill",
+        "xmin",
         "re-prefill",
         "preempt",
         "waits",
         "wait s",
+        "max wait",
+        "p50",
+        "p99",
         "retries",
         "att.pre",
         "probes/adm",
@@ -43,12 +50,17 @@ pub fn table(rows: &[Summary]) -> String {
             format!("{:.1}", r.hit_rate * 100.0),
             format!("{:.1}", r.hit_rate_last_third * 100.0),
             format!("{:.1} s", r.makespan_s),
+            format!("{:.2}", r.makespan_over_bound),
             format!("{:.0}", r.gen_tok_per_s),
             format!("{:.2}", r.prefilled_tokens as f64 / 1e6),
+            format!("{:.2}", prefill_over_min(r)),
             format!("{:.2}", r.re_prefilled_tokens as f64 / 1e6),
             r.engine_preemptions.to_string(),
             r.waits.to_string(),
             format!("{:.0}", r.wait_s),
+            format!("{:.1} s", r.max_wait_s),
+            format!("{:.2} s", r.p50_turn_latency_s),
+            format!("{:.2} s", r.p99_turn_latency_s),
             r.reissues.to_string(),
             r.attempts_preempted.to_string(),
             if r.probes_per_admission > 0.0 {
@@ -88,26 +100,36 @@ pub fn table(rows: &[Summary]) -> String {
     out
 }
 
+/// Prefill over the least any policy must do.
+fn prefill_over_min(r: &Summary) -> f64 {
+    r.prefilled_tokens as f64 / r.min_prefill_tokens.max(1) as f64
+}
+
 /// The same table as Markdown (for the README and reports).
 pub fn markdown(rows: &[Summary]) -> String {
     let mut out = String::from(
-        "| policy | hit % | hit % last ⅓ | makespan | gen tok/s | prefilled Mtok | re-prefilled Mtok | engine preemptions | waits | wait s | retries | attempts preempted | probes/adm | late/early |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| policy | hit % | hit % last ⅓ | makespan | × bound | gen tok/s | prefilled Mtok | × min prefill | re-prefilled Mtok | engine preemptions | waits | wait s | max wait | p50 turn | p99 turn | retries | attempts preempted | probes/adm | late/early |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {}{} | {:.1} | {:.1} | {:.1} s | {:.0} | {:.2} | {:.2} | {} | {} | {:.0} | {} | {} | {} | {:.2} |",
+            "| {}{} | {:.1} | {:.1} | {:.1} s | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {:.0} | {:.1} s | {:.2} s | {:.2} s | {} | {} | {} | {:.2} |",
             r.policy,
             if r.finished { "" } else { " (unfinished)" },
             r.hit_rate * 100.0,
             r.hit_rate_last_third * 100.0,
             r.makespan_s,
+            r.makespan_over_bound,
             r.gen_tok_per_s,
             r.prefilled_tokens as f64 / 1e6,
+            prefill_over_min(r),
             r.re_prefilled_tokens as f64 / 1e6,
             r.engine_preemptions,
             r.waits,
             r.wait_s,
+            r.max_wait_s,
+            r.p50_turn_latency_s,
+            r.p99_turn_latency_s,
             r.reissues,
             r.attempts_preempted,
             if r.probes_per_admission > 0.0 {
@@ -161,7 +183,7 @@ pub fn write_files(
 ) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut csv = String::from(
-        "policy,finished,hit_rate,hit_rate_last_third,makespan_s,gen_tok_per_s,prefilled_tokens,re_prefilled_tokens,engine_preemptions,waits,wait_s,attempts_preempted,reissues,probes_per_admission,mean_turn_latency_s,early_turn_latency_s,late_turn_latency_s,late_turn_slowdown",
+        "policy,finished,hit_rate,hit_rate_last_third,makespan_s,gen_tok_per_s,prefilled_tokens,re_prefilled_tokens,engine_preemptions,waits,wait_s,attempts_preempted,reissues,probes_per_admission,mean_turn_latency_s,early_turn_latency_s,late_turn_latency_s,late_turn_slowdown,p50_turn_latency_s,p99_turn_latency_s,max_wait_s,makespan_over_bound,bound_s,min_prefill_tokens",
     );
     for name in reason_names() {
         let _ = write!(csv, ",admitted_{name}");
@@ -170,7 +192,7 @@ pub fn write_files(
     for r in rows {
         let _ = write!(
             csv,
-            "{},{},{:.6},{:.6},{:.3},{:.1},{},{},{},{},{:.3},{},{},{:.4},{:.4},{:.4},{:.4},{:.4}",
+            "{},{},{:.6},{:.6},{:.3},{:.1},{},{},{},{},{:.3},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3},{:.4},{:.3},{}",
             r.policy,
             r.finished,
             r.hit_rate,
@@ -188,7 +210,13 @@ pub fn write_files(
             r.mean_turn_latency_s,
             r.early_turn_latency_s,
             r.late_turn_latency_s,
-            r.late_turn_slowdown
+            r.late_turn_slowdown,
+            r.p50_turn_latency_s,
+            r.p99_turn_latency_s,
+            r.max_wait_s,
+            r.makespan_over_bound,
+            r.bound_s,
+            r.min_prefill_tokens
         );
         for n in r.admissions_by_reason {
             let _ = write!(csv, ",{n}");
@@ -229,18 +257,20 @@ pub fn write_files(
     std::fs::write(dir.join("summary.json"), json + "\n")?;
 
     let mut turns = String::from(
-        "policy,session,turn,last,issued_s,first_scheduled_s,completed_s,latency_s,prompt_len,hit_tokens,prefilled,re_prefilled,output_len,reissues,engine_preemptions\n",
+        "policy,session,turn,last,arrived_s,issued_s,submitted_s,first_scheduled_s,completed_s,latency_s,prompt_len,hit_tokens,prefilled,re_prefilled,output_len,reissues,engine_preemptions\n",
     );
     for run in runs {
         for t in &run.turns {
             let _ = writeln!(
                 turns,
-                "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{}",
+                "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{}",
                 run.policy.name,
                 t.session,
                 t.turn,
                 t.last,
+                t.arrived_ns as f64 / 1e9,
                 t.issued_ns as f64 / 1e9,
+                t.submitted_ns as f64 / 1e9,
                 t.first_scheduled_ns as f64 / 1e9,
                 t.completed_ns as f64 / 1e9,
                 t.latency_ns() as f64 / 1e9,

@@ -11,7 +11,7 @@ use crate::simulation::Deployment;
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
-pub const BUILT_IN: [(&str, &str); 5] = [
+pub const BUILT_IN: [(&str, &str); 12] = [
     ("thrash", include_str!("../scenarios/thrash.toml")),
     ("no-pressure", include_str!("../scenarios/no-pressure.toml")),
     ("retry-storm", include_str!("../scenarios/retry-storm.toml")),
@@ -20,6 +20,13 @@ pub const BUILT_IN: [(&str, &str); 5] = [
         "multi-replica",
         include_str!("../scenarios/multi-replica.toml"),
     ),
+    ("waves", include_str!("../scenarios/waves.toml")),
+    ("waves-async", include_str!("../scenarios/waves-async.toml")),
+    ("mixed", include_str!("../scenarios/mixed.toml")),
+    ("staggered", include_str!("../scenarios/staggered.toml")),
+    ("poisson", include_str!("../scenarios/poisson.toml")),
+    ("h200", include_str!("../scenarios/h200.toml")),
+    ("real-engine", include_str!("../scenarios/real-engine.toml")),
 ];
 
 /// The scenario run when none is named.
@@ -55,6 +62,7 @@ struct EngineFile {
     beta0_ms: f64,
     beta1_us: f64,
     beta2_us: f64,
+    beta3_us: f64,
 }
 
 impl Default for EngineFile {
@@ -69,6 +77,7 @@ impl Default for EngineFile {
             beta0_ms: d.cost.beta0_ms,
             beta1_us: d.cost.beta1_us,
             beta2_us: d.cost.beta2_us,
+            beta3_us: d.cost.beta3_us,
         }
     }
 }
@@ -85,6 +94,7 @@ impl From<EngineFile> for EngineConfig {
                 beta0_ms: f.beta0_ms,
                 beta1_us: f.beta1_us,
                 beta2_us: f.beta2_us,
+                beta3_us: f.beta3_us,
             },
         }
     }

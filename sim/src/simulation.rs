@@ -11,14 +11,18 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use crate::bound;
 use crate::engine::pins::PinTicket;
 use crate::engine::{EngineConfig, EngineStats, Finished, NewRequest, Replica, ReqId};
 use crate::events::EventQueue;
 use crate::metrics::{RunResult, TurnRecord};
 use crate::policy::gate::{Action, GateDriver, ProbeKind};
+use crate::policy::program::{EngineView, ProgramScheduler};
+use crate::policy::progress_ttl::ProgressTtl;
 use crate::policy::router::Router;
+use crate::policy::thunderagent::ThunderAgent;
 use crate::policy::{Policy, PolicyKind, ProbeTarget};
-use crate::workload::Workload;
+use crate::workload::{Start, Workload};
 use kvgate::core::LeaseToken;
 
 /// Where the engines run and how far the probes travel.
@@ -66,6 +70,8 @@ enum Event {
         session: usize,
         ticket: PinTicket,
     },
+    /// A program scheduler's deadline (its tick, a TTL, a timeout).
+    ProgramTimer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,11 +86,17 @@ enum Phase {
 #[derive(Debug)]
 struct SessionState {
     replica: Option<usize>,
+    /// The replica the sticky router counted it on, released when it finishes.
+    router_slot: Option<usize>,
     turn: usize,
     phase: Phase,
     issue: u32,
     lease: Option<LeaseToken>,
     issued_ns: u64,
+    /// When the client sent the current turn (before any wait at the policy).
+    arrived_ns: u64,
+    /// When the current turn last went to the engine.
+    submitted_ns: u64,
     first_scheduled: Option<(u64, usize)>,
 }
 
@@ -100,6 +112,10 @@ struct Sim<'a> {
     router: Router,
     sessions: Vec<SessionState>,
     gate: Option<GateDriver>,
+    program: Option<Box<dyn ProgramScheduler>>,
+    program_timer: Option<u64>,
+    engine_views: Vec<EngineView>,
+    released: Vec<(usize, usize)>,
     cap_queue: VecDeque<usize>,
     next_request: ReqId,
     turns: Vec<TurnRecord>,
@@ -109,6 +125,10 @@ struct Sim<'a> {
     slot_wait_ns: u64,
     reissues: u64,
     actions: Vec<Action>,
+    /// Per wave: sessions finished so far.
+    wave_finished: Vec<usize>,
+    /// Per wave: the sessions that start once `count` of its sessions finished.
+    wave_waiters: Vec<Vec<(usize, usize)>>,
 }
 
 /// Runs one policy over `workload` on `deployment`. Deterministic.
@@ -127,6 +147,23 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         }
         _ => None,
     };
+    let capacity = deployment.engine.num_gpu_blocks * deployment.engine.block_size;
+    let program: Option<Box<dyn ProgramScheduler>> = match &policy.kind {
+        PolicyKind::ThunderAgent(c) => Some(Box::new(ThunderAgent::new(
+            *c,
+            capacity,
+            deployment.replicas,
+            n,
+        ))),
+        PolicyKind::ProgressTtl(c) => Some(Box::new(ProgressTtl::new(
+            *c,
+            deployment.engine.capacity_tokens(),
+            deployment.replicas,
+            n,
+            workload.shared_prefix_tokens,
+        ))),
+        _ => None,
+    };
     let mut sim = Sim {
         now: 0,
         events: EventQueue::default(),
@@ -142,15 +179,22 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         sessions: (0..n)
             .map(|_| SessionState {
                 replica: None,
+                router_slot: None,
                 turn: 0,
                 phase: Phase::NotStarted,
                 issue: 0,
                 lease: None,
                 issued_ns: 0,
+                arrived_ns: 0,
+                submitted_ns: 0,
                 first_scheduled: None,
             })
             .collect(),
         gate,
+        program,
+        program_timer: None,
+        engine_views: vec![EngineView::default(); deployment.replicas],
+        released: Vec::new(),
         cap_queue: VecDeque::new(),
         next_request: 0,
         turns: Vec::with_capacity(workload.num_turns()),
@@ -160,9 +204,19 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         slot_wait_ns: 0,
         reissues: 0,
         actions: Vec::new(),
+        wave_finished: Vec::new(),
+        wave_waiters: Vec::new(),
     };
-    for s in 0..n {
-        sim.events.push(0, Event::TurnReady(s));
+    for (s, session) in workload.sessions.iter().enumerate() {
+        match session.start {
+            Start::At(t) => sim.events.push(t, Event::TurnReady(s)),
+            Start::AfterFinishes { wave, count } => {
+                if sim.wave_waiters.len() <= wave {
+                    sim.wave_waiters.resize(wave + 1, Vec::new());
+                }
+                sim.wave_waiters[wave].push((s, count));
+            }
+        }
     }
     let mut finished = true;
     while let Some((at, event)) = sim.events.pop() {
@@ -175,6 +229,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         sim.now = at;
         sim.dispatch(event);
         sim.drain_gate();
+        sim.drive_program();
         if sim.sessions_done == n {
             break;
         }
@@ -194,10 +249,12 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         finished,
         engine,
         gate: sim.gate.as_ref().map(|g| g.stats(sim.now)),
+        program: sim.program.as_ref().map(|p| p.stats()),
         slot_waits: sim.slot_waits,
         slot_wait_ns: sim.slot_wait_ns,
         reissues: sim.reissues,
         turns: sim.turns,
+        bound: bound::lower_bound(&deployment.engine, deployment.replicas, workload),
         wall_ms: started.elapsed().as_secs_f64() * 1e3,
     }
 }
@@ -244,6 +301,34 @@ impl Sim<'_> {
                 if self.replicas[replica].expire_pin(session, ticket) {
                     self.kick(replica);
                 }
+            }
+            Event::ProgramTimer => self.program_timer = None,
+        }
+    }
+
+    /// Lets a program scheduler release what it may after the last event,
+    /// and keeps one timer armed for its next deadline.
+    fn drive_program(&mut self) {
+        let Some(program) = self.program.as_mut() else {
+            return;
+        };
+        for (view, r) in self.engine_views.iter_mut().zip(&self.replicas) {
+            view.waiting = r.num_waiting();
+        }
+        let mut released = std::mem::take(&mut self.released);
+        program.poll(self.now, &self.engine_views, &mut released);
+        let next = program.next_deadline();
+        for (s, r) in released.drain(..) {
+            debug_assert_eq!(self.sessions[s].phase, Phase::AtPolicy);
+            self.sessions[s].replica = Some(r);
+            self.submit(s);
+        }
+        self.released = released;
+        if let Some(at) = next {
+            let at = at.max(self.now + 1);
+            if self.program_timer.is_none_or(|armed| at < armed) {
+                self.program_timer = Some(at);
+                self.events.push(at, Event::ProgramTimer);
             }
         }
     }
@@ -315,6 +400,7 @@ impl Sim<'_> {
         let st = &mut self.sessions[s];
         debug_assert!(matches!(st.phase, Phase::NotStarted | Phase::Tool));
         st.issued_ns = self.now;
+        st.arrived_ns = self.now;
         st.issue = 0;
         st.first_scheduled = None;
         let turn = st.turn;
@@ -345,9 +431,24 @@ impl Sim<'_> {
                     self.submit(s);
                 } else if let Some(r) = self.router.assign_below(k) {
                     self.sessions[s].replica = Some(r);
+                    self.sessions[s].router_slot = Some(r);
                     self.submit(s);
                 } else {
                     self.cap_queue.push_back(s);
+                }
+            }
+            PolicyKind::ThunderAgent(_) | PolicyKind::ProgressTtl(_) => {
+                self.route(s);
+                let prompt_len = self.workload.sessions[s].turns[self.sessions[s].turn].prompt_len;
+                let routed = self.sessions[s].replica.expect("routed");
+                for (view, r) in self.engine_views.iter_mut().zip(&self.replicas) {
+                    view.waiting = r.num_waiting();
+                }
+                let program = self.program.as_mut().expect("program scheduler");
+                if let Some(r) = program.arrive(s, prompt_len, routed, self.now, &self.engine_views)
+                {
+                    self.sessions[s].replica = Some(r);
+                    self.submit(s);
                 }
             }
             PolicyKind::Kvgate { .. } => {
@@ -365,7 +466,9 @@ impl Sim<'_> {
 
     fn route(&mut self, s: usize) {
         if self.sessions[s].replica.is_none() {
-            self.sessions[s].replica = Some(self.router.assign());
+            let r = self.router.assign();
+            self.sessions[s].replica = Some(r);
+            self.sessions[s].router_slot = Some(r);
         }
     }
 
@@ -378,6 +481,7 @@ impl Sim<'_> {
         self.next_request += 1;
         let id = self.next_request;
         st.phase = Phase::InEngine(id);
+        st.submitted_ns = self.now;
         let last = st.turn + 1 == session.turns.len();
         self.replicas[replica].add(NewRequest {
             id,
@@ -445,6 +549,8 @@ impl Sim<'_> {
             turn: st.turn,
             last,
             issued_ns: st.issued_ns,
+            arrived_ns: st.arrived_ns,
+            submitted_ns: st.submitted_ns,
             first_scheduled_ns: first_ns,
             completed_ns: self.now,
             prompt_len: turn.prompt_len,
@@ -469,8 +575,11 @@ impl Sim<'_> {
         if let (Some(gate), Some(token)) = (self.gate.as_ref(), lease) {
             gate.release(token, self.now);
         }
+        if let Some(program) = self.program.as_mut() {
+            program.turn_done(s, turn.prompt_len + turn.output_len, self.now, last);
+        }
         if last {
-            self.finish_session(s, r);
+            self.finish_session(s);
         } else {
             let st = &mut self.sessions[s];
             st.phase = Phase::Tool;
@@ -480,14 +589,17 @@ impl Sim<'_> {
         }
     }
 
-    fn finish_session(&mut self, s: usize, r: usize) {
+    fn finish_session(&mut self, s: usize) {
         self.sessions[s].phase = Phase::Done;
         self.sessions_done += 1;
         self.last_finish_ns = self.now;
+        self.start_next_wave(self.workload.sessions[s].wave);
         if let Some(gate) = self.gate.as_ref() {
             gate.finish_session(s, self.now);
         }
-        self.router.release(r);
+        if let Some(slot) = self.sessions[s].router_slot {
+            self.router.release(slot);
+        }
         if let PolicyKind::Cap(k) = self.policy.kind {
             while let Some(&q) = self.cap_queue.front() {
                 let Some(replica) = self.router.assign_below(k) else {
@@ -496,11 +608,26 @@ impl Sim<'_> {
                 self.cap_queue.pop_front();
                 let st = &mut self.sessions[q];
                 st.replica = Some(replica);
+                st.router_slot = Some(replica);
                 // The session starts now: its first turn's latency counts from here.
                 self.slot_waits += 1;
                 self.slot_wait_ns += self.now - st.issued_ns;
                 st.issued_ns = self.now;
                 self.submit(q);
+            }
+        }
+    }
+
+    /// Starts the sessions waiting for one more of `wave`'s sessions to finish.
+    fn start_next_wave(&mut self, wave: usize) {
+        if self.wave_finished.len() <= wave {
+            self.wave_finished.resize(wave + 1, 0);
+        }
+        self.wave_finished[wave] += 1;
+        let done = self.wave_finished[wave];
+        if let Some(waiters) = self.wave_waiters.get_mut(wave) {
+            for &(s, _) in waiters.iter().filter(|&&(_, count)| count == done) {
+                self.events.push(self.now, Event::TurnReady(s));
             }
         }
     }
@@ -513,7 +640,9 @@ impl Sim<'_> {
         }
         let waiting = match st.phase {
             // A session waiting for a cap slot has sent nothing yet.
-            Phase::AtPolicy => !matches!(self.policy.kind, PolicyKind::Cap(_)),
+            // A session waiting for a cap slot or held by a program
+            // scheduler's proxy has sent nothing an engine could start.
+            Phase::AtPolicy => matches!(self.policy.kind, PolicyKind::Kvgate { .. }),
             Phase::InEngine(id) => {
                 let replica = st.replica.expect("routed");
                 self.replicas[replica].is_unscheduled(id)

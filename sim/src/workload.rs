@@ -1,8 +1,13 @@
-//! The rollout step being simulated: N agent sessions that start together,
-//! each a chain of turns. Turn k sends the whole history (a system prompt
-//! shared by every session, the session's task, every earlier output and
-//! tool result), generates O tokens, then calls a tool that takes L seconds
-//! and returns R tokens.
+//! The rollout being simulated: agent sessions, each a chain of turns. Turn
+//! k sends the whole history (a system prompt shared by every session, the
+//! session's task, every earlier output and tool result), generates O
+//! tokens, then calls a tool that takes L seconds and returns R tokens.
+//!
+//! Sessions come in classes (the `[workload]` table is the first class;
+//! `[[workload.classes]]` add more, e.g. short chats beside long coding
+//! agents), each with its own turns and distributions, all sharing the
+//! system prompt. They start together (the default), staggered, by a
+//! Poisson process, or in RL waves (see [`ArrivalConfig`]).
 //!
 //! Prompts are real token sequences, hashed into vLLM-style block chains, so
 //! prefix hits and misses are genuine: two sessions share exactly the
@@ -17,7 +22,7 @@ use std::rc::Rc;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, LogNormal};
+use rand_distr::{Distribution, Exp, LogNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::hashing::{self, BlockHash};
@@ -73,6 +78,42 @@ impl LogNormalSpec {
     }
 }
 
+/// A token count: lognormal (`{ median, sigma, min, max }`) or uniform over
+/// an inclusive integer range (`{ min, max }`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TokenDist {
+    /// A clamped lognormal.
+    LogNormal(LogNormalSpec),
+    /// Uniform over `min..=max`.
+    Uniform(Uniform),
+}
+
+impl TokenDist {
+    fn sample(&self, rng: &mut ChaCha8Rng) -> f64 {
+        match self {
+            Self::LogNormal(d) => d.sample(rng),
+            Self::Uniform(u) => u.sample(rng) as f64,
+        }
+    }
+
+    /// The largest value it can take.
+    pub fn max(&self) -> f64 {
+        match self {
+            Self::LogNormal(d) => d.max,
+            Self::Uniform(u) => u.max as f64,
+        }
+    }
+
+    fn validate(&self, what: &str) -> Result<(), String> {
+        match self {
+            Self::LogNormal(d) => d.validate(what),
+            Self::Uniform(u) if u.min <= u.max => Ok(()),
+            Self::Uniform(u) => Err(format!("{what}: invalid range {u:?}")),
+        }
+    }
+}
+
 /// A scenario's `[workload]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -86,9 +127,9 @@ pub struct WorkloadConfig {
     /// Tokens of each session's own task statement.
     pub task_tokens: Uniform,
     /// Tokens generated per turn.
-    pub output_tokens: LogNormalSpec,
+    pub output_tokens: TokenDist,
     /// Tokens a tool call returns.
-    pub tool_result_tokens: LogNormalSpec,
+    pub tool_result_tokens: TokenDist,
     /// Seconds a tool call takes.
     pub tool_latency_s: LogNormalSpec,
     /// Probability that a turn's client is impatient and retries it.
@@ -104,6 +145,154 @@ pub struct WorkloadConfig {
     /// Token ids are drawn below this.
     #[serde(default = "default_vocab")]
     pub vocab: u32,
+    /// When sessions start (all at once unless given).
+    #[serde(default)]
+    pub arrival: ArrivalConfig,
+    /// More session classes after the one this table describes.
+    #[serde(default)]
+    pub classes: Vec<ClassConfig>,
+}
+
+/// A further class of sessions (`[[workload.classes]]`): its own count,
+/// turns and distributions; the system prompt, vocabulary and retry timing
+/// are the workload's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    /// Label (reports only).
+    #[serde(default)]
+    pub name: String,
+    /// Sessions of this class.
+    pub sessions: usize,
+    /// Turns per session.
+    pub turns: Uniform,
+    /// Tokens of each session's own task statement.
+    pub task_tokens: Uniform,
+    /// Tokens generated per turn.
+    pub output_tokens: TokenDist,
+    /// Tokens a tool call returns.
+    pub tool_result_tokens: TokenDist,
+    /// Seconds a tool call takes.
+    pub tool_latency_s: LogNormalSpec,
+    /// Probability that a turn's client is impatient and retries it.
+    #[serde(default)]
+    pub retry_probability: f64,
+}
+
+/// When sessions start (`[workload.arrival]`), in session order (the
+/// classes' sessions follow the first class's).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum ArrivalConfig {
+    /// Every session at time zero (one RL rollout step).
+    #[default]
+    Together,
+    /// Session i at i × `interval_s`.
+    Staggered {
+        /// Seconds between two sessions' starts.
+        interval_s: f64,
+    },
+    /// A Poisson process of `rate_per_s` sessions per second, from time zero.
+    Poisson {
+        /// Mean arrivals per second.
+        rate_per_s: f64,
+    },
+    /// Successive RL steps: waves of `wave_sessions`; wave w+1 starts once
+    /// `next_wave_after` of wave w's sessions have finished (1 = strictly
+    /// successive steps; below 1 = overlapping waves, as asynchronous RL
+    /// frameworks run them).
+    Waves {
+        /// Sessions per wave (the last may be smaller).
+        wave_sessions: usize,
+        /// Fraction of a wave that must finish before the next starts, in (0, 1].
+        #[serde(default = "one_f64")]
+        next_wave_after: f64,
+    },
+}
+
+fn one_f64() -> f64 {
+    1.0
+}
+
+impl ArrivalConfig {
+    fn validate(&self) -> Result<(), String> {
+        let ok = match *self {
+            Self::Together => true,
+            Self::Staggered { interval_s } => interval_s >= 0.0 && interval_s.is_finite(),
+            Self::Poisson { rate_per_s } => rate_per_s > 0.0 && rate_per_s.is_finite(),
+            Self::Waves {
+                wave_sessions,
+                next_wave_after,
+            } => wave_sessions > 0 && next_wave_after > 0.0 && next_wave_after <= 1.0,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("workload.arrival: invalid {self:?}"))
+        }
+    }
+}
+
+/// When one session starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// At this time, ns.
+    At(u64),
+    /// When `count` sessions of wave `wave` have finished.
+    AfterFinishes {
+        /// The wave waited for.
+        wave: usize,
+        /// How many of its sessions must finish.
+        count: usize,
+    },
+}
+
+/// The distributions of one class, as [`Workload::generate`] draws them.
+#[derive(Debug, Clone, Copy)]
+struct Shape<'a> {
+    turns: &'a Uniform,
+    task_tokens: &'a Uniform,
+    output_tokens: &'a TokenDist,
+    tool_result_tokens: &'a TokenDist,
+    tool_latency_s: &'a LogNormalSpec,
+    retry_probability: f64,
+}
+
+impl<'a> Shape<'a> {
+    fn validate(&self, what: &str) -> Result<(), String> {
+        if self.turns.min == 0 || self.turns.min > self.turns.max {
+            return Err(format!("{what}.turns must be 1 <= min <= max"));
+        }
+        if self.task_tokens.min > self.task_tokens.max {
+            return Err(format!("{what}.task_tokens must have min <= max"));
+        }
+        self.output_tokens
+            .validate(&format!("{what}.output_tokens"))?;
+        if self.output_tokens.max() < 1.0 {
+            return Err(format!("{what}.output_tokens.max must be >= 1"));
+        }
+        self.tool_result_tokens
+            .validate(&format!("{what}.tool_result_tokens"))?;
+        self.tool_latency_s
+            .validate(&format!("{what}.tool_latency_s"))?;
+        if !(0.0..=1.0).contains(&self.retry_probability) {
+            return Err(format!("{what}.retry_probability must be in [0, 1]"));
+        }
+        Ok(())
+    }
+}
+
+impl ClassConfig {
+    fn shape(&self) -> Shape<'_> {
+        Shape {
+            turns: &self.turns,
+            task_tokens: &self.task_tokens,
+            output_tokens: &self.output_tokens,
+            tool_result_tokens: &self.tool_result_tokens,
+            tool_latency_s: &self.tool_latency_s,
+            retry_probability: self.retry_probability,
+        }
+    }
 }
 
 fn default_retry_after() -> f64 {
@@ -122,24 +311,21 @@ impl WorkloadConfig {
         if self.sessions == 0 {
             return Err("workload.sessions must be > 0".into());
         }
-        if self.turns.min == 0 || self.turns.min > self.turns.max {
-            return Err("workload.turns must be 1 <= min <= max".into());
+        self.shape().validate("workload")?;
+        for (i, c) in self.classes.iter().enumerate() {
+            let what = format!("workload.classes[{i}]");
+            if c.sessions == 0 {
+                return Err(format!("{what}.sessions must be > 0"));
+            }
+            c.shape().validate(&what)?;
         }
-        if self.task_tokens.min > self.task_tokens.max {
-            return Err("workload.task_tokens must have min <= max".into());
-        }
-        if self.system_prompt_tokens + self.task_tokens.min == 0 {
+        let min_task = self
+            .classes
+            .iter()
+            .map(|c| c.task_tokens.min)
+            .fold(self.task_tokens.min, usize::min);
+        if self.system_prompt_tokens + min_task == 0 {
             return Err("the first prompt would be empty".into());
-        }
-        self.output_tokens.validate("workload.output_tokens")?;
-        if self.output_tokens.max < 1.0 {
-            return Err("workload.output_tokens.max must be >= 1".into());
-        }
-        self.tool_result_tokens
-            .validate("workload.tool_result_tokens")?;
-        self.tool_latency_s.validate("workload.tool_latency_s")?;
-        if !(0.0..=1.0).contains(&self.retry_probability) {
-            return Err("workload.retry_probability must be in [0, 1]".into());
         }
         if !(self.retry_after_s > 0.0 && self.retry_after_s.is_finite()) {
             return Err("workload.retry_after_s must be > 0".into());
@@ -147,7 +333,79 @@ impl WorkloadConfig {
         if self.vocab < 2 {
             return Err("workload.vocab must be >= 2".into());
         }
-        Ok(())
+        self.arrival.validate()
+    }
+
+    /// Sessions over every class.
+    pub fn total_sessions(&self) -> usize {
+        self.sessions + self.classes.iter().map(|c| c.sessions).sum::<usize>()
+    }
+
+    fn shape(&self) -> Shape<'_> {
+        Shape {
+            turns: &self.turns,
+            task_tokens: &self.task_tokens,
+            output_tokens: &self.output_tokens,
+            tool_result_tokens: &self.tool_result_tokens,
+            tool_latency_s: &self.tool_latency_s,
+            retry_probability: self.retry_probability,
+        }
+    }
+
+    /// Every session's class shape and class index, in session order.
+    fn shapes(&self) -> Vec<(usize, Shape<'_>)> {
+        let mut out = vec![(0, self.shape()); self.sessions];
+        for (i, c) in self.classes.iter().enumerate() {
+            out.extend(std::iter::repeat_n((i + 1, c.shape()), c.sessions));
+        }
+        out
+    }
+
+    /// When each session starts, drawn from the ChaCha8 stream `u64::MAX`
+    /// (never a session's) so arrivals do not move the sessions' draws.
+    fn starts(&self, seed: u64) -> Vec<(Start, usize)> {
+        let n = self.total_sessions();
+        match self.arrival {
+            ArrivalConfig::Together => vec![(Start::At(0), 0); n],
+            ArrivalConfig::Staggered { interval_s } => (0..n)
+                .map(|i| (Start::At(secs_to_ns(i as f64 * interval_s)), 0))
+                .collect(),
+            ArrivalConfig::Poisson { rate_per_s } => {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                rng.set_stream(u64::MAX);
+                let gap = Exp::new(rate_per_s).expect("validated");
+                let mut t = 0.0;
+                (0..n)
+                    .map(|i| {
+                        if i > 0 {
+                            t += gap.sample(&mut rng);
+                        }
+                        (Start::At(secs_to_ns(t)), 0)
+                    })
+                    .collect()
+            }
+            ArrivalConfig::Waves {
+                wave_sessions,
+                next_wave_after,
+            } => (0..n)
+                .map(|i| {
+                    let wave = i / wave_sessions;
+                    if wave == 0 {
+                        return (Start::At(0), 0);
+                    }
+                    let previous = wave_sessions.min(n - (wave - 1) * wave_sessions);
+                    let count =
+                        ((previous as f64 * next_wave_after).ceil() as usize).clamp(1, previous);
+                    (
+                        Start::AfterFinishes {
+                            wave: wave - 1,
+                            count,
+                        },
+                        wave,
+                    )
+                })
+                .collect(),
+        }
     }
 }
 
@@ -173,6 +431,12 @@ pub struct Session {
     pub hashes: Rc<[BlockHash]>,
     /// Its turns, in order.
     pub turns: Vec<Turn>,
+    /// Index of its class (0: the `[workload]` table itself).
+    pub class: usize,
+    /// When it starts.
+    pub start: Start,
+    /// Its RL wave (0 unless arrivals come in waves).
+    pub wave: usize,
 }
 
 impl Session {
@@ -192,6 +456,8 @@ pub struct Workload {
     pub retry_after_ns: u64,
     /// Most re-issues of one turn.
     pub max_retries: u32,
+    /// Tokens of the system prompt every session shares.
+    pub shared_prefix_tokens: usize,
 }
 
 impl Workload {
@@ -204,17 +470,29 @@ impl Workload {
         let system: Vec<u32> = (0..cfg.system_prompt_tokens)
             .map(|_| sys_rng.random_range(0..cfg.vocab))
             .collect();
-        let sessions = (0..cfg.sessions)
-            .map(|i| {
+        let sessions = cfg
+            .shapes()
+            .into_iter()
+            .zip(cfg.starts(seed))
+            .enumerate()
+            .map(|(i, ((class, shape), (start, wave)))| {
                 let mut rng = ChaCha8Rng::seed_from_u64(seed);
                 rng.set_stream(i as u64 + 1);
-                session(cfg, &system, block_size, &mut rng)
+                let (hashes, turns) = session(cfg, &shape, &system, block_size, &mut rng);
+                Session {
+                    hashes,
+                    turns,
+                    class,
+                    start,
+                    wave,
+                }
             })
             .collect();
         Self {
             sessions,
             retry_after_ns: secs_to_ns(cfg.retry_after_s),
             max_retries: cfg.max_retries,
+            shared_prefix_tokens: cfg.system_prompt_tokens,
         }
     }
 
@@ -249,29 +527,30 @@ pub fn secs_to_ns(s: f64) -> u64 {
 
 fn session(
     cfg: &WorkloadConfig,
+    shape: &Shape<'_>,
     system: &[u32],
     block_size: usize,
     rng: &mut ChaCha8Rng,
-) -> Session {
-    let num_turns = cfg.turns.sample(rng);
-    let task = cfg.task_tokens.sample(rng);
+) -> (Rc<[BlockHash]>, Vec<Turn>) {
+    let num_turns = shape.turns.sample(rng);
+    let task = shape.task_tokens.sample(rng);
     let mut tokens: Vec<u32> = system.to_vec();
     tokens.extend((0..task).map(|_| rng.random_range(0..cfg.vocab)));
     let mut turns = Vec::with_capacity(num_turns);
     for k in 0..num_turns {
         let prompt_len = tokens.len();
-        let output_len = cfg.output_tokens.sample(rng).round().max(1.0) as usize;
+        let output_len = shape.output_tokens.sample(rng).round().max(1.0) as usize;
         tokens.extend((0..output_len).map(|_| rng.random_range(0..cfg.vocab)));
         let last = k + 1 == num_turns;
         let (tool_result_len, tool_ns) = if last {
             (0, 0)
         } else {
-            let r = cfg.tool_result_tokens.sample(rng).round() as usize;
-            let l = cfg.tool_latency_s.sample(rng);
+            let r = shape.tool_result_tokens.sample(rng).round() as usize;
+            let l = shape.tool_latency_s.sample(rng);
             tokens.extend((0..r).map(|_| rng.random_range(0..cfg.vocab)));
             (r, secs_to_ns(l))
         };
-        let impatient = rng.random_bool(cfg.retry_probability);
+        let impatient = rng.random_bool(shape.retry_probability);
         turns.push(Turn {
             prompt_len,
             output_len,
@@ -280,10 +559,7 @@ fn session(
             impatient,
         });
     }
-    Session {
-        hashes: hashing::chain(&tokens, block_size).into(),
-        turns,
-    }
+    (hashing::chain(&tokens, block_size).into(), turns)
 }
 
 #[cfg(test)]
@@ -296,18 +572,18 @@ mod tests {
             turns: Uniform { min: 3, max: 6 },
             system_prompt_tokens: 64,
             task_tokens: Uniform { min: 10, max: 40 },
-            output_tokens: LogNormalSpec {
+            output_tokens: TokenDist::LogNormal(LogNormalSpec {
                 median: 20.0,
                 sigma: 0.5,
                 min: 1.0,
                 max: 100.0,
-            },
-            tool_result_tokens: LogNormalSpec {
+            }),
+            tool_result_tokens: TokenDist::LogNormal(LogNormalSpec {
                 median: 50.0,
                 sigma: 0.5,
                 min: 1.0,
                 max: 200.0,
-            },
+            }),
             tool_latency_s: LogNormalSpec {
                 median: 1.0,
                 sigma: 1.0,
@@ -318,6 +594,8 @@ mod tests {
             retry_after_s: 2.0,
             max_retries: 1,
             vocab: 1000,
+            arrival: ArrivalConfig::Together,
+            classes: Vec::new(),
         }
     }
 
@@ -370,6 +648,81 @@ mod tests {
     }
 
     #[test]
+    fn arrivals_start_sessions_as_configured_without_moving_their_draws() {
+        let together = Workload::generate(&cfg(), 16, 4);
+        let mut c = cfg();
+        c.arrival = ArrivalConfig::Staggered { interval_s: 2.0 };
+        let staggered = Workload::generate(&c, 16, 4);
+        let starts: Vec<_> = staggered.sessions.iter().map(|s| s.start).collect();
+        assert_eq!(
+            starts,
+            (0..4)
+                .map(|i| Start::At(i * 2_000_000_000))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(together.sessions[2].turns, staggered.sessions[2].turns);
+        c.arrival = ArrivalConfig::Poisson { rate_per_s: 1.0 };
+        let a = Workload::generate(&c, 16, 4);
+        let b = Workload::generate(&c, 16, 4);
+        let times: Vec<u64> = a
+            .sessions
+            .iter()
+            .map(|s| match s.start {
+                Start::At(t) => t,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(times[0], 0);
+        assert!(times.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(
+            times,
+            b.sessions
+                .iter()
+                .map(|s| match s.start {
+                    Start::At(t) => t,
+                    _ => 0,
+                })
+                .collect::<Vec<_>>()
+        );
+        c.arrival = ArrivalConfig::Waves {
+            wave_sessions: 3,
+            next_wave_after: 0.5,
+        };
+        let w = Workload::generate(&c, 16, 4);
+        assert_eq!(w.sessions[0].start, Start::At(0));
+        assert_eq!(
+            w.sessions[3].start,
+            Start::AfterFinishes { wave: 0, count: 2 }
+        );
+        assert_eq!((w.sessions[2].wave, w.sessions[3].wave), (0, 1));
+    }
+
+    #[test]
+    fn classes_follow_the_first_and_draw_from_their_own_shape() {
+        let mut c = cfg();
+        c.classes.push(ClassConfig {
+            name: "chat".into(),
+            sessions: 2,
+            turns: Uniform { min: 1, max: 1 },
+            task_tokens: Uniform { min: 5, max: 5 },
+            output_tokens: c.output_tokens,
+            tool_result_tokens: c.tool_result_tokens,
+            tool_latency_s: c.tool_latency_s,
+            retry_probability: 0.0,
+        });
+        assert_eq!(c.total_sessions(), 6);
+        let w = Workload::generate(&c, 16, 9);
+        let plain = Workload::generate(&cfg(), 16, 9);
+        assert_eq!(w.sessions.len(), 6);
+        assert_eq!(w.sessions[3].turns, plain.sessions[3].turns);
+        for s in &w.sessions[4..] {
+            assert_eq!(s.class, 1);
+            assert_eq!(s.turns.len(), 1);
+            assert_eq!(s.turns[0].prompt_len, 64 + 5);
+        }
+    }
+
+    #[test]
     fn validation_refuses_nonsense() {
         assert!(cfg().validate().is_ok());
         let mut bad = cfg();
@@ -380,6 +733,12 @@ mod tests {
         assert!(bad.validate().is_err());
         let mut bad = cfg();
         bad.tool_latency_s.median = 0.0;
+        assert!(bad.validate().is_err());
+        let mut bad = cfg();
+        bad.arrival = ArrivalConfig::Waves {
+            wave_sessions: 2,
+            next_wave_after: 0.0,
+        };
         assert!(bad.validate().is_err());
     }
 }

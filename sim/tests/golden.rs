@@ -24,6 +24,7 @@ num_gpu_blocks = 512
 block_size = 16
 max_num_batched_tokens = 2048
 max_num_seqs = 256
+beta3_us = 0.0
 
 [workload]
 sessions = 8

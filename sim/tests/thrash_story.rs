@@ -49,14 +49,22 @@ fn thrash_tells_the_seed_story() {
     assert!(s[none].hit_rate_last_third < 0.5, "{:?}", s[none]);
     assert!(s[none].late_turn_slowdown > 3.0, "{:?}", s[none]);
 
-    // The reference defaults barely change anything.
+    // The reference defaults change little: they stay far from what a cap
+    // does. (With the context term in the step time, longer decode steps
+    // keep more requests running, so usage crosses the 0.85 watermark more
+    // often than without it and the gate recovers some hits.)
     assert!(
-        (s[reference].hit_rate - s[none].hit_rate).abs() < 0.1,
+        s[reference].hit_rate < s[none].hit_rate + 0.15,
         "{:?}",
         s[reference]
     );
     assert!(
-        s[reference].makespan_s > 0.9 * s[none].makespan_s,
+        s[reference].makespan_s > 0.8 * s[none].makespan_s,
+        "{:?}",
+        s[reference]
+    );
+    assert!(
+        s[reference].makespan_s > 1.4 * s[cap].makespan_s,
         "{:?}",
         s[reference]
     );

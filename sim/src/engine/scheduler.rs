@@ -230,6 +230,11 @@ impl Replica {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
+    /// Requests in the waiting queue (what vLLM's `num_requests_waiting` says).
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
     /// Requests waiting plus running: the router's load figure.
     pub fn num_requests(&self) -> usize {
         self.waiting.len() + self.running.len()
@@ -411,9 +416,11 @@ impl Replica {
         if scheduled.is_empty() {
             return None;
         }
-        let (mut prefill, mut decode) = (0, 0);
+        let (mut prefill, mut decode, mut context) = (0, 0, 0);
         for &(id, n) in &scheduled {
             let r = self.requests.get_mut(&id).expect("scheduled");
+            // Attention reads every token of KV the request already holds.
+            context += r.num_computed;
             let is_decode = n == 1 && r.num_output > 0 && r.num_computed + 1 == r.num_tokens();
             let start = r.num_computed;
             let hw = self.high_water.entry(r.spec.session).or_insert(0);
@@ -428,7 +435,7 @@ impl Replica {
             }
             *hw = (*hw).max(start + n);
         }
-        let duration_ns = self.cfg.cost.step_ns(prefill, decode);
+        let duration_ns = self.cfg.cost.step_ns(prefill, decode, context);
         self.stats.steps += 1;
         self.stats.busy_ns += duration_ns;
         self.stats.prefill_tokens += prefill as u64;
@@ -591,7 +598,7 @@ mod tests {
         r.add(req(1, 0, &h, 20, 3));
         let p = r.begin_step().unwrap();
         assert_eq!((p.prefill_tokens, p.decode_tokens), (8, 0));
-        assert_eq!(p.duration_ns, StepCost::default().step_ns(8, 0));
+        assert_eq!(p.duration_ns, StepCost::default().step_ns(8, 0, 0));
         assert!(r.end_step(1).is_empty());
         assert_eq!(r.begin_step().unwrap().prefill_tokens, 8);
         assert!(r.end_step(2).is_empty());

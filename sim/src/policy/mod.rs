@@ -9,10 +9,19 @@
 //!   first turn to its last (what a user would try first).
 //! - `ttl-pin`: Continuum-style: the engine pins a session's blocks for a
 //!   TTL after each turn (see `engine::pins`); no admission control.
+//! - `thunderagent`: ThunderAgent's program scheduler ([`thunderagent`]).
+//! - `progress-ttl`: vllm-router's Progress-TTL scheduler ([`progress_ttl`]).
+//!
+//! The two peers are what a user would deploy instead of kvgate; they are
+//! implemented from their published rules with their published defaults.
 
 pub mod gate;
+pub mod program;
+pub mod progress_ttl;
 pub mod router;
+pub mod thunderagent;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -38,6 +47,10 @@ pub enum PolicyKind {
         /// Pin lifetime, ns.
         ttl_ns: u64,
     },
+    /// ThunderAgent's program scheduler.
+    ThunderAgent(thunderagent::ThunderAgentConfig),
+    /// vllm-router's Progress-TTL program scheduler.
+    ProgressTtl(progress_ttl::ProgressTtlConfig),
 }
 
 /// Which replica the gate's probes ask.
@@ -79,6 +92,18 @@ impl Policy {
             PolicyKind::TtlPin { ttl_ns } => format!(
                 "engine pins a session's blocks for {} s after each turn",
                 *ttl_ns as f64 / 1e9
+            ),
+            PolicyKind::ThunderAgent(c) => format!(
+                "ThunderAgent: token ledger vs KV capacity, checked every {} s; pause acting programs smallest first; +{} tokens per program; forced resume after {} s",
+                c.interval_ns as f64 / 1e9,
+                c.buffer_tokens,
+                c.force_resume_ns as f64 / 1e9
+            ),
+            PolicyKind::ProgressTtl(c) => format!(
+                "vllm-router Progress-TTL: hold while the rank lacks logical room or vLLM has a waiting queue; reservation kept for a fitted TTL <= {} s ({} gap samples first); timeout {} s",
+                c.max_acting_ttl_ns as f64 / 1e9,
+                c.stats_window,
+                c.queue_timeout_ns as f64 / 1e9
             ),
         }
     }
@@ -125,6 +150,10 @@ impl Policy {
                 "ttl" | "ttl_s" => entry.ttl_s = Some(num(v)?),
                 "sessions" => entry.sessions = Some(num(v)? as usize),
                 "probe" => entry.probe = Some(v.to_string()),
+                // Any other kvgate key passes through to `kvgate_knob`.
+                other if entry.kind == "kvgate" => {
+                    entry.knobs.insert(other.to_string(), v.to_string());
+                }
                 other => return Err(format!("unknown parameter `{other}` in `{spec}`")),
             }
         }
@@ -138,7 +167,7 @@ impl Policy {
 pub struct PolicyEntry {
     /// Label; defaults to the kind (and K for caps).
     pub name: Option<String>,
-    /// `none`, `kvgate`, `cap` or `ttl-pin`.
+    /// `none`, `kvgate`, `cap`, `ttl-pin`, `thunderagent` or `progress-ttl`.
     pub kind: String,
     /// kvgate: high watermark.
     pub high_watermark: Option<f64>,
@@ -154,6 +183,21 @@ pub struct PolicyEntry {
     pub ttl_s: Option<f64>,
     /// kvgate: `session-replica` (default) or `first-replica`.
     pub probe: Option<String>,
+    /// kvgate: further knobs by name (`knobs = { mode = "..." }` in a
+    /// scenario file; any other `key=value` in a `kvgate:` spec), applied
+    /// by [`kvgate_knob`].
+    #[serde(default)]
+    pub knobs: BTreeMap<String, String>,
+}
+
+/// Sets one more kvgate knob, given by name, on `config`. The place to add
+/// a knob the library grows (e.g. the admission `mode`): one arm here and it
+/// works in `--policies kvgate:mode=...` and in scenario files.
+pub fn kvgate_knob(config: &mut kvgate::Config, key: &str, value: &str) -> Result<(), String> {
+    let _ = config;
+    Err(format!(
+        "unknown kvgate knob `{key}={value}` (known: wm, hit, grace, poll, probe; add others in policy::kvgate_knob)"
+    ))
 }
 
 impl PolicyEntry {
@@ -163,7 +207,8 @@ impl PolicyEntry {
             || self.hit_threshold.is_some()
             || self.idle_grace_s.is_some()
             || self.wait_poll_s.is_some()
-            || self.probe.is_some();
+            || self.probe.is_some()
+            || !self.knobs.is_empty();
         let stray = |what: &str| {
             Err(format!(
                 "policy `{}`: {what} does not apply to kind `{}`",
@@ -193,13 +238,17 @@ impl PolicyEntry {
                             .map_err(|e| format!("policy `{}`: {e}", self.label())),
                     }
                 };
-                let config = kvgate::Config {
+                let mut config = kvgate::Config {
                     high_watermark: self.high_watermark.unwrap_or(d.high_watermark),
                     hit_threshold: self.hit_threshold.unwrap_or(d.hit_threshold),
                     idle_grace: dur("idle_grace", self.idle_grace_s, d.idle_grace)?,
                     wait_poll: dur("wait_poll", self.wait_poll_s, d.wait_poll)?,
                     ..d
                 };
+                for (key, value) in &self.knobs {
+                    kvgate_knob(&mut config, key, value)
+                        .map_err(|e| format!("policy `{}`: {e}", self.label()))?;
+                }
                 config
                     .validate()
                     .map_err(|e| format!("policy `{}`: {e}", self.label()))?;
@@ -236,9 +285,19 @@ impl PolicyEntry {
                     ttl_ns: secs_to_ns(ttl),
                 }
             }
+            "thunderagent" | "progress-ttl" => {
+                if gate_knobs || self.sessions.is_some() || self.ttl_s.is_some() {
+                    return stray("a parameter");
+                }
+                if self.kind == "thunderagent" {
+                    PolicyKind::ThunderAgent(thunderagent::ThunderAgentConfig::default())
+                } else {
+                    PolicyKind::ProgressTtl(progress_ttl::ProgressTtlConfig::default())
+                }
+            }
             other => {
                 return Err(format!(
-                    "unknown policy kind `{other}` (none, kvgate, cap, ttl-pin)"
+                    "unknown policy kind `{other}` (none, kvgate, cap, ttl-pin, thunderagent, progress-ttl)"
                 ))
             }
         };
@@ -265,6 +324,14 @@ mod tests {
     fn compact_specs_parse() {
         assert_eq!(Policy::parse("none").unwrap().kind, PolicyKind::None);
         assert_eq!(Policy::parse("cap-8").unwrap().kind, PolicyKind::Cap(8));
+        assert!(matches!(
+            Policy::parse("thunderagent").unwrap().kind,
+            PolicyKind::ThunderAgent(_)
+        ));
+        assert!(matches!(
+            Policy::parse("progress-ttl").unwrap().kind,
+            PolicyKind::ProgressTtl(_)
+        ));
         assert_eq!(
             Policy::parse("ttl-pin:ttl=3").unwrap().kind,
             PolicyKind::TtlPin {
@@ -306,6 +373,8 @@ mod tests {
             "cap-3:wm=0.5",
             "fifo",
             "kvgate:wm",
+            "kvgate:no_such_knob=1",
+            "thunderagent:ttl=1",
         ] {
             assert!(Policy::parse(bad).is_err(), "{bad}");
         }
