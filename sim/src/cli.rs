@@ -28,7 +28,7 @@ pub struct Options {
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
 pub const JUDGE_POLICIES: &str =
-    "none,kvgate,kvgate:wm=0.2,grace=1,poll=1,thunderagent,progress-ttl";
+    "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl";
 
 /// Usage text.
 pub const USAGE: &str = "\
@@ -53,7 +53,7 @@ OPTIONS:
     --judge        run every policy (compact specs) on every scenario and seed and judge it
                    against that seed's hindsight-best cap and the makespan lower bound;
                    writes DIR/judge.{csv,json,md} [default policies: none, kvgate,
-                   kvgate:wm=0.2,grace=1,poll=1, thunderagent, progress-ttl]
+                   kvgate:mode=reference, thunderagent, progress-ttl]
     --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
     --fit-steps F  fit beta0..beta2 (beta3 with a context_tokens column) to a real engine's
                    step timings (the CSV of real_engine.py --steps-csv) and print them

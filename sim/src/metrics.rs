@@ -122,7 +122,7 @@ pub struct Summary {
     /// Probe calls per admission (gate only).
     pub probes_per_admission: f64,
     /// Gate admissions by reason (`open`, `reserved_session`, `prefix_probe_unavailable`, `resident_prefix`).
-    pub admissions_by_reason: [u64; 4],
+    pub admissions_by_reason: [u64; kvgate::Reason::ALL.len()],
     /// Mean turn latency, s.
     pub mean_turn_latency_s: f64,
     /// Mean latency of each session's last 3 turns over its first 3.
@@ -194,7 +194,7 @@ impl RunResult {
                 let held = self.turns.iter().filter(|t| t.policy_wait_ns() > 0);
                 let (n, ns) =
                     held.fold((0u64, 0u64), |(n, ns), t| (n + 1, ns + t.policy_wait_ns()));
-                (n, ns as f64 / 1e9, 0, 0.0, [0; 4])
+                (n, ns as f64 / 1e9, 0, 0.0, [0; kvgate::Reason::ALL.len()])
             }
         };
         let mut client: Vec<u64> = self
@@ -318,7 +318,7 @@ fn ratio(a: u64, b: u64) -> f64 {
 }
 
 /// The gate's admission reasons in table order.
-pub fn reason_names() -> [&'static str; 4] {
+pub fn reason_names() -> [&'static str; Reason::ALL.len()] {
     Reason::ALL.map(Reason::as_str)
 }
 

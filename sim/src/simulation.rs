@@ -24,6 +24,7 @@ use crate::policy::thunderagent::ThunderAgent;
 use crate::policy::{Policy, PolicyKind, ProbeTarget};
 use crate::workload::{Start, Workload};
 use kvgate::core::LeaseToken;
+use kvgate::{EngineCapacity, TurnReport};
 
 /// Where the engines run and how far the probes travel.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -55,6 +56,7 @@ enum Event {
         id: u64,
         kind: ProbeKind,
         value: f64,
+        capacity: Option<EngineCapacity>,
     },
     GateTimer {
         id: u64,
@@ -107,6 +109,8 @@ struct Sim<'a> {
     workload: &'a Workload,
     policy: &'a Policy,
     replicas: Vec<Replica>,
+    /// Per replica, the best prefill rate its steps showed (tokens/s).
+    best_prefill_rate: Vec<f64>,
     kick_pending: Vec<bool>,
     queued_probes: Vec<Vec<(u64, ProbeKind, usize)>>,
     router: Router,
@@ -143,7 +147,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
     let pinning = matches!(policy.kind, PolicyKind::TtlPin { .. });
     let gate = match &policy.kind {
         PolicyKind::Kvgate { config, .. } => {
-            Some(GateDriver::new(config.clone(), n).expect("validated config"))
+            Some(GateDriver::new(config.clone(), n, deployment.replicas).expect("validated config"))
         }
         _ => None,
     };
@@ -170,6 +174,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         deployment: *deployment,
         workload,
         policy,
+        best_prefill_rate: vec![0.0; deployment.replicas],
         replicas: (0..deployment.replicas)
             .map(|_| Replica::new(deployment.engine, pinning))
             .collect(),
@@ -277,9 +282,14 @@ impl Sim<'_> {
                     self.answer_probe(replica, id, kind, session);
                 }
             }
-            Event::ProbeAnswer { id, kind, value } => {
+            Event::ProbeAnswer {
+                id,
+                kind,
+                value,
+                capacity,
+            } => {
                 let gate = self.gate.as_mut().expect("gate policy");
-                let action = gate.on_probe(id, kind, Some(value), self.now);
+                let action = gate.on_probe(id, kind, Some(value), capacity, self.now);
                 self.carry_out(action);
             }
             Event::GateTimer { id, generation } => {
@@ -383,6 +393,16 @@ impl Sim<'_> {
 
     fn answer_probe(&mut self, replica: usize, id: u64, kind: ProbeKind, session: usize) {
         let r = &self.replicas[replica];
+        // The capacity probe is answered with usage, as the engine knows it:
+        // its KV tokens, block size, and the best prefill rate it measured.
+        let capacity = (kind == ProbeKind::Usage).then(|| {
+            let e = self.deployment.engine;
+            EngineCapacity::new(
+                e.capacity_tokens() as u64,
+                e.block_size as u32,
+                self.best_prefill_rate[replica],
+            )
+        });
         let value = match kind {
             ProbeKind::Usage => r.usage(),
             ProbeKind::Prefix => {
@@ -392,8 +412,15 @@ impl Sim<'_> {
             }
         };
         let back = self.deployment.probe_rtt_ns - self.deployment.probe_rtt_ns / 2;
-        self.events
-            .push(self.now + back, Event::ProbeAnswer { id, kind, value });
+        self.events.push(
+            self.now + back,
+            Event::ProbeAnswer {
+                id,
+                kind,
+                value,
+                capacity,
+            },
+        );
     }
 
     fn turn_ready(&mut self, s: usize) {
@@ -454,11 +481,12 @@ impl Sim<'_> {
             PolicyKind::Kvgate { .. } => {
                 self.route(s);
                 let prompt_len = self.workload.sessions[s].turns[self.sessions[s].turn].prompt_len;
+                let replica = self.sessions[s].replica.expect("routed");
                 let action = self
                     .gate
                     .as_mut()
                     .expect("gate")
-                    .begin(s, prompt_len, self.now);
+                    .begin(s, replica, prompt_len, self.now);
                 self.carry_out(action);
             }
         }
@@ -515,6 +543,13 @@ impl Sim<'_> {
         };
         for f in &plan.first_scheduled {
             self.sessions[f.session].first_scheduled = Some((self.now, f.hit_tokens));
+        }
+        // What an engine can measure of its own prefill rate: the best
+        // throughput of a step that was mostly prefill (a quarter of the
+        // token budget or more), as the vLLM plugin does from step timings.
+        if plan.prefill_tokens * 4 >= self.deployment.engine.max_num_batched_tokens {
+            let rate = plan.prefill_tokens as f64 / (plan.duration_ns.max(1) as f64 / 1e9);
+            self.best_prefill_rate[r] = self.best_prefill_rate[r].max(rate);
         }
         self.events
             .push(self.now + plan.duration_ns, Event::StepDone(r));
@@ -573,7 +608,9 @@ impl Sim<'_> {
             );
         }
         if let (Some(gate), Some(token)) = (self.gate.as_ref(), lease) {
-            gate.release(token, self.now);
+            // What the host gets back from the engine: cached prompt tokens and output.
+            let report = TurnReport::new(Some(hit as u64), Some(turn.output_len as u64));
+            gate.release(token, report, self.now);
         }
         if let Some(program) = self.program.as_mut() {
             program.turn_done(s, turn.prompt_len + turn.output_len, self.now, last);
@@ -660,7 +697,7 @@ impl Sim<'_> {
             let replica = st.replica.expect("routed");
             assert!(self.replicas[replica].abort_unscheduled(id));
             if let (Some(gate), Some(token)) = (self.gate.as_ref(), st.lease.take()) {
-                gate.release(token, self.now);
+                gate.release(token, TurnReport::default(), self.now);
             }
         }
         // Under kvgate a waiting attempt is preempted by this newer one.

@@ -11,11 +11,14 @@
 //!   "woken" list, which the event loop drains at the current simulated
 //!   time, calling `on_wake`. A timer that finds the attempt already awake
 //!   is stale and ignored.
+//! - Working-set admission counts one engine's cache, so it runs one core
+//!   per replica (what a host does: one gate per engine); the reference
+//!   table keeps one core for all, as before.
 
 use std::sync::{Arc, Mutex};
 
 use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
-use kvgate::{AcquireError, GateStats};
+use kvgate::{AcquireError, AdmissionMode, EngineCapacity, GateStats, TurnReport};
 use rustc_hash::FxHashMap;
 
 /// Which probe an attempt asked for.
@@ -86,7 +89,10 @@ struct Driven {
 
 /// The kvgate core and the attempts in progress.
 pub struct GateDriver {
-    core: Arc<Core>,
+    /// One per replica in working-set admission, one for all otherwise.
+    cores: Vec<Arc<Core>>,
+    /// The core each session's attempts went to.
+    core_of: Vec<usize>,
     keys: Vec<Vec<u8>>,
     woken: Arc<Mutex<Vec<u64>>>,
     attempts: FxHashMap<u64, Driven>,
@@ -97,17 +103,28 @@ pub struct GateDriver {
 impl std::fmt::Debug for GateDriver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GateDriver")
-            .field("core", &self.core)
+            .field("cores", &self.cores.len())
             .field("attempts", &self.attempts.len())
             .finish_non_exhaustive()
     }
 }
 
 impl GateDriver {
-    /// A gate with `config` for `sessions` sessions.
-    pub fn new(config: kvgate::Config, sessions: usize) -> Result<Self, kvgate::ConfigError> {
+    /// A gate with `config` for `sessions` sessions on `replicas` replicas.
+    pub fn new(
+        config: kvgate::Config,
+        sessions: usize,
+        replicas: usize,
+    ) -> Result<Self, kvgate::ConfigError> {
+        let cores = match config.admission {
+            AdmissionMode::WorkingSet => replicas.max(1),
+            _ => 1,
+        };
         Ok(Self {
-            core: Arc::new(Core::new(config)?),
+            cores: (0..cores)
+                .map(|_| Core::new(config.clone()).map(Arc::new))
+                .collect::<Result<_, _>>()?,
+            core_of: vec![0; sessions],
             keys: (0..sessions)
                 .map(|s| format!("session-{s}").into_bytes())
                 .collect(),
@@ -120,7 +137,9 @@ impl GateDriver {
 
     /// Begins an attempt for `session`'s turn of `prompt_len` tokens. An
     /// older attempt of the session still competing is preempted by the core.
-    pub fn begin(&mut self, session: usize, prompt_len: usize, now: u64) -> Action {
+    pub fn begin(&mut self, session: usize, replica: usize, prompt_len: usize, now: u64) -> Action {
+        let core = if self.cores.len() > 1 { replica } else { 0 };
+        self.core_of[session] = core;
         self.next_id += 1;
         let id = self.next_id;
         let notifier = Box::new(WakeRecorder {
@@ -128,7 +147,7 @@ impl GateDriver {
             woken: self.woken.clone(),
         });
         let mut attempt = Attempt::begin(
-            self.core.clone(),
+            self.cores[core].clone(),
             &self.keys[session],
             prompt_len,
             now,
@@ -149,7 +168,14 @@ impl GateDriver {
     }
 
     /// Feeds a probe answer that arrived at `now`.
-    pub fn on_probe(&mut self, id: u64, kind: ProbeKind, value: Option<f64>, now: u64) -> Action {
+    pub fn on_probe(
+        &mut self,
+        id: u64,
+        kind: ProbeKind,
+        value: Option<f64>,
+        capacity: Option<EngineCapacity>,
+        now: u64,
+    ) -> Action {
         let d = self
             .attempts
             .get_mut(&id)
@@ -160,7 +186,10 @@ impl GateDriver {
             "answer to the probe asked"
         );
         let step = match kind {
-            ProbeKind::Usage => d.attempt.on_usage(value, now).expect("answered in order"),
+            ProbeKind::Usage => d
+                .attempt
+                .on_cache_state(value, capacity, now)
+                .expect("answered in order"),
             ProbeKind::Prefix => d.attempt.on_prefix(value, now).expect("answered in order"),
         };
         self.handle(id, step)
@@ -196,19 +225,35 @@ impl GateDriver {
         }
     }
 
-    /// Releases a lease when the turn's request ended.
-    pub fn release(&self, token: LeaseToken, now: u64) {
-        self.core.release(token, now);
+    /// Releases a lease when the turn's request ended, with what the
+    /// engine reported of the turn.
+    pub fn release(&self, token: LeaseToken, report: TurnReport, now: u64) {
+        let core = &self.cores[self.core_of[session_of(&token)]];
+        core.release_with(token, report, now);
     }
 
     /// Ends a session's ownership window after its last turn.
     pub fn finish_session(&self, session: usize, now: u64) {
-        self.core.finish_session(&self.keys[session], now);
+        self.cores[self.core_of[session]].finish_session(&self.keys[session], now);
     }
 
-    /// The gate's figures at `now`.
+    /// The gate's figures at `now`, summed over its cores.
     pub fn stats(&self, now: u64) -> GateStats {
-        self.core.stats(now)
+        let mut all = self.cores.iter().map(|c| c.stats(now));
+        let mut total = all.next().expect("at least one core");
+        // The figures the simulator reports, added up (working-set gauges
+        // are per engine and stay the first core's).
+        for s in all {
+            for (t, a) in total.admissions_by_reason.iter_mut().zip(s.admissions_by_reason) {
+                *t += a;
+            }
+            total.waits += s.waits;
+            total.wait_time += s.wait_time;
+            total.preempted += s.preempted;
+            total.usage_probe_calls += s.usage_probe_calls;
+            total.prefix_probe_calls += s.prefix_probe_calls;
+        }
+        total
     }
 
     /// Attempts in progress.
@@ -239,10 +284,8 @@ impl GateDriver {
                 // The core's next deadline (a grace window's end) is folded
                 // into every sleeper's timer: in simulated time a herd of
                 // timers costs nothing, and one that fires does what is due.
-                let at = self
-                    .core
-                    .next_deadline()
-                    .map_or(until_ns, |d| d.min(until_ns));
+                let core = &self.cores[self.core_of[self.attempts[&id].session]];
+                let at = core.next_deadline().map_or(until_ns, |d| d.min(until_ns));
                 Action::Timer { id, generation, at }
             }
             Step::Admitted(token) => {
@@ -349,4 +392,13 @@ mod tests {
         assert_eq!(g.stats(10 * MS).preempted, 1);
         assert_eq!(g.live_attempts(), 1);
     }
+}
+
+/// The session index a lease's id bytes name (`session-{s}`).
+fn session_of(token: &LeaseToken) -> usize {
+    std::str::from_utf8(token.session_id())
+        .ok()
+        .and_then(|id| id.strip_prefix("session-"))
+        .and_then(|n| n.parse().ok())
+        .expect("the driver names sessions session-{s}")
 }

@@ -194,10 +194,15 @@ pub struct PolicyEntry {
 /// a knob the library grows (e.g. the admission `mode`): one arm here and it
 /// works in `--policies kvgate:mode=...` and in scenario files.
 pub fn kvgate_knob(config: &mut kvgate::Config, key: &str, value: &str) -> Result<(), String> {
-    let _ = config;
-    Err(format!(
-        "unknown kvgate knob `{key}={value}` (known: wm, hit, grace, poll, probe; add others in policy::kvgate_knob)"
-    ))
+    match key {
+        "mode" | "admission" => {
+            config.admission = kvgate::AdmissionMode::parse(value).map_err(|e| e.to_string())?;
+            Ok(())
+        }
+        _ => Err(format!(
+            "unknown kvgate knob `{key}={value}` (known: wm, hit, grace, poll, probe, mode; add others in policy::kvgate_knob)"
+        )),
+    }
 }
 
 impl PolicyEntry {
