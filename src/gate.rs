@@ -120,7 +120,7 @@ impl Gate {
     /// [`AcquireError::Cancelled`] after [`Gate::cancel_session`],
     /// [`AcquireError::Closed`] after [`Gate::close`].
     pub fn acquire(&self, session: &[u8], prompt: &[u32]) -> Result<Lease, AcquireError> {
-        self.acquire_until(session, prompt, None)
+        self.lease(self.acquire_token(session, prompt, None))
     }
 
     /// Like [`Gate::acquire`], giving up with [`AcquireError::TimedOut`] once
@@ -134,12 +134,32 @@ impl Gate {
         prompt: &[u32],
         timeout: Duration,
     ) -> Result<Lease, AcquireError> {
-        let deadline = self
-            .shared
-            .clock
-            .now_ns()
-            .saturating_add(duration_ns(timeout));
-        self.acquire_until(session, prompt, Some(deadline))
+        self.lease(self.acquire_token(session, prompt, Some(timeout)))
+    }
+
+    fn lease(&self, token: Result<LeaseToken, AcquireError>) -> Result<Lease, AcquireError> {
+        token.map(|token| Lease::new(self.shared.clone(), token))
+    }
+
+    /// [`Gate::acquire`] (`timeout` `None`) or [`Gate::acquire_timeout`],
+    /// handing back the bare token: for a holder that keeps the gate alive
+    /// itself (the C ABI's lease registry lives in the gate's handle), so
+    /// the lease needs no reference of its own to the gate (one `Arc`
+    /// increment and decrement per turn, on a line every thread shares).
+    /// Hand it back with [`Gate::release_token`].
+    pub(crate) fn acquire_token(
+        &self,
+        session: &[u8],
+        prompt: &[u32],
+        timeout: Option<Duration>,
+    ) -> Result<LeaseToken, AcquireError> {
+        let deadline = timeout.map(|t| self.shared.clock.now_ns().saturating_add(duration_ns(t)));
+        self.acquire_until(session, prompt, deadline)
+    }
+
+    /// Releases a token from [`Gate::acquire_token`].
+    pub(crate) fn release_token(&self, token: LeaseToken, report: TurnReport) {
+        self.shared.release(token, report);
     }
 
     fn acquire_until(
@@ -147,7 +167,7 @@ impl Gate {
         session: &[u8],
         prompt: &[u32],
         deadline: Option<u64>,
-    ) -> Result<Lease, AcquireError> {
+    ) -> Result<LeaseToken, AcquireError> {
         let shared = &*self.shared;
         let clock = &*shared.clock;
         let ThreadWaker { parker, slot } = ThreadWaker::take();
@@ -178,7 +198,7 @@ impl Gate {
                     }
                     next
                 }
-                Step::Admitted(token) => break Ok(Lease::new(self.shared.clone(), token)),
+                Step::Admitted(token) => break Ok(token),
                 Step::Failed(err) => break Err(err),
             };
             step = next;

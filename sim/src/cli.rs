@@ -27,8 +27,7 @@ pub struct Options {
 }
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
-pub const JUDGE_POLICIES: &str =
-    "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl";
+pub const JUDGE_POLICIES: &str = "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl";
 
 /// Usage text.
 pub const USAGE: &str = "\

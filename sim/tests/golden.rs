@@ -42,11 +42,14 @@ max_retries = 2
 kind = "none"
 
 [[policies]]
+name = "kvgate-reference"
 kind = "kvgate"
+knobs = { mode = "reference" }
 
 [[policies]]
 name = "kvgate-tuned"
 kind = "kvgate"
+knobs = { mode = "reference" }
 high_watermark = 0.2
 hit_threshold = 0.8
 idle_grace_s = 0.2
@@ -59,6 +62,9 @@ sessions = 3
 [[policies]]
 kind = "ttl-pin"
 ttl_s = 0.5
+
+[[policies]]
+kind = "kvgate"
 "#;
 
 /// The deterministic figures of one run.
@@ -71,8 +77,9 @@ struct Figures {
     re_prefilled_tokens: u64,
     engine_preemptions: u64,
     reissues: u64,
-    /// open, reserved_session, prefix_probe_unavailable, resident_prefix
-    admissions: [u64; 4],
+    /// open, reserved_session, prefix_probe_unavailable, resident_prefix,
+    /// fits_working_set, empty_working_set, wait_bound
+    admissions: [u64; 7],
     gate_waits: u64,
     attempts_preempted: u64,
 }
@@ -87,19 +94,20 @@ fn figures(r: &RunResult) -> Figures {
         re_prefilled_tokens: r.engine.re_prefilled_tokens,
         engine_preemptions: r.engine.preemptions,
         reissues: r.reissues,
-        admissions: g.map_or([0; 4], |g| g.admissions_by_reason),
+        admissions: g.map_or([0; 7], |g| g.admissions_by_reason),
         gate_waits: g.map_or(0, |g| g.waits),
         attempts_preempted: g.map_or(0, |g| g.preempted),
     }
 }
 
 #[rustfmt::skip]
-const GOLDEN: [(&str, Figures); 5] = [
-    ("none", Figures { makespan_ns: 6667763556, query_tokens: 135212, hit_tokens: 46144, prefill_tokens: 89204, re_prefilled_tokens: 66377, engine_preemptions: 14, reissues: 0, admissions: [0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
-    ("kvgate", Figures { makespan_ns: 6528711647, query_tokens: 135212, hit_tokens: 48864, prefill_tokens: 86460, re_prefilled_tokens: 63634, engine_preemptions: 10, reissues: 1, admissions: [76, 0, 0, 0], gate_waits: 10, attempts_preempted: 0 }),
-    ("kvgate-tuned", Figures { makespan_ns: 7846444826, query_tokens: 135212, hit_tokens: 75936, prefill_tokens: 59276, re_prefilled_tokens: 36450, engine_preemptions: 0, reissues: 5, admissions: [59, 6, 0, 10], gate_waits: 34, attempts_preempted: 5 }),
-    ("cap-3", Figures { makespan_ns: 13039273408, query_tokens: 135212, hit_tokens: 110464, prefill_tokens: 24748, re_prefilled_tokens: 1922, engine_preemptions: 0, reissues: 0, admissions: [0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
-    ("ttl-pin", Figures { makespan_ns: 6273235483, query_tokens: 135212, hit_tokens: 48480, prefill_tokens: 86858, re_prefilled_tokens: 64030, engine_preemptions: 10, reissues: 0, admissions: [0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
+const GOLDEN: [(&str, Figures); 6] = [
+    ("none", Figures { makespan_ns: 6667763556, query_tokens: 135212, hit_tokens: 46144, prefill_tokens: 89204, re_prefilled_tokens: 66377, engine_preemptions: 14, reissues: 0, admissions: [0, 0, 0, 0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
+    ("kvgate-reference", Figures { makespan_ns: 6528711647, query_tokens: 135212, hit_tokens: 48864, prefill_tokens: 86460, re_prefilled_tokens: 63634, engine_preemptions: 10, reissues: 1, admissions: [76, 0, 0, 0, 0, 0, 0], gate_waits: 10, attempts_preempted: 0 }),
+    ("kvgate-tuned", Figures { makespan_ns: 7846444826, query_tokens: 135212, hit_tokens: 75936, prefill_tokens: 59276, re_prefilled_tokens: 36450, engine_preemptions: 0, reissues: 5, admissions: [59, 6, 0, 10, 0, 0, 0], gate_waits: 34, attempts_preempted: 5 }),
+    ("cap-3", Figures { makespan_ns: 13039273408, query_tokens: 135212, hit_tokens: 110464, prefill_tokens: 24748, re_prefilled_tokens: 1922, engine_preemptions: 0, reissues: 0, admissions: [0, 0, 0, 0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
+    ("ttl-pin", Figures { makespan_ns: 6273235483, query_tokens: 135212, hit_tokens: 48480, prefill_tokens: 86858, re_prefilled_tokens: 64030, engine_preemptions: 10, reissues: 0, admissions: [0, 0, 0, 0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
+    ("kvgate", Figures { makespan_ns: 6737952715, query_tokens: 135212, hit_tokens: 60608, prefill_tokens: 74604, re_prefilled_tokens: 51778, engine_preemptions: 0, reissues: 3, admissions: [0, 16, 0, 0, 49, 10, 0], gate_waits: 31, attempts_preempted: 3 }),
 ];
 
 fn run() -> Vec<RunResult> {

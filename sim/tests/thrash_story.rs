@@ -23,7 +23,13 @@ fn hit_rate(r: &RunResult, keep: impl Fn(usize) -> bool) -> f64 {
 #[test]
 fn thrash_tells_the_seed_story() {
     let scenario = Scenario::load("thrash").unwrap();
-    let wanted = ["none", "kvgate", "kvgate-tuned", "cap-16"];
+    let wanted = [
+        "none",
+        "kvgate",
+        "kvgate-reference",
+        "kvgate-tuned",
+        "cap-16",
+    ];
     let policies: Vec<_> = scenario
         .policies
         .iter()
@@ -38,8 +44,13 @@ fn thrash_tells_the_seed_story() {
     let runs = compare(&scenario, scenario.seed, &policies);
     let s: Vec<Summary> = runs.iter().map(RunResult::summary).collect();
     let by = |name: &str| s.iter().position(|r| r.policy == name).unwrap();
-    let (none, reference, tuned, cap) =
-        (by("none"), by("kvgate"), by("kvgate-tuned"), by("cap-16"));
+    let (none, working_set, reference, tuned, cap) = (
+        by("none"),
+        by("kvgate"),
+        by("kvgate-reference"),
+        by("kvgate-tuned"),
+        by("cap-16"),
+    );
 
     // Without a gate: hot early, thrashing late, late turns much slower.
     let early = hit_rate(&runs[none], |k| k < 8);
@@ -69,10 +80,26 @@ fn thrash_tells_the_seed_story() {
         s[reference]
     );
 
-    // A cap, and the tuned gate, keep the cache hot and finish much sooner.
-    for i in [cap, tuned] {
+    // A cap, the tuned reference gate and the default (working-set) gate
+    // keep the cache hot and finish much sooner; the default beats the cap.
+    assert!(
+        s[working_set].makespan_s < s[cap].makespan_s,
+        "{:?} vs {:?}",
+        s[working_set],
+        s[cap]
+    );
+    for i in [cap, tuned, working_set] {
         assert!(s[i].hit_rate > 0.9, "{:?}", s[i]);
         assert!(s[i].makespan_s < 0.6 * s[none].makespan_s, "{:?}", s[i]);
+    }
+    // Parked sessions re-prefill when they come back, so the working set's
+    // late turns are slower than the cap's, yet far from the thrash.
+    for i in [cap, tuned] {
         assert!(s[i].late_turn_slowdown < 1.5, "{:?}", s[i]);
     }
+    assert!(
+        s[working_set].late_turn_slowdown < 0.5 * s[none].late_turn_slowdown,
+        "{:?}",
+        s[working_set]
+    );
 }

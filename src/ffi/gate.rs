@@ -217,20 +217,18 @@ fn acquire(
     timeout_ms: i64,
 ) -> Result<kvgate_admission, Failure> {
     let _call = handle.enter_acquire(key);
-    let result = match u64::try_from(timeout_ms) {
-        Err(_) => handle.gate.acquire(session, prompt),
-        Ok(ms) => handle
-            .gate
-            .acquire_timeout(session, prompt, Duration::from_millis(ms)),
-    };
-    let lease = result.map_err(|err| acquire_failure(err, session, timeout_ms))?;
-    let admission = kvgate_admission::from(lease.admission());
+    let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
+    let token = handle
+        .gate
+        .acquire_token(session, prompt, timeout)
+        .map_err(|err| acquire_failure(err, session, timeout_ms))?;
+    let admission = kvgate_admission::from(token.admission());
     debug_assert_ne!(admission.lease, KVGATE_NO_LEASE);
     handle
         .leases
-        .insert(admission.lease, lease)
-        .map_err(|lease| {
-            drop(lease); // released: nobody could ever release it again
+        .insert(admission.lease, token)
+        .map_err(|token| {
+            handle.gate.release_token(token, TurnReport::default()); // nobody could ever release it again
             Failure::new(
                 kvgate_status::KVGATE_CLOSED,
                 format!(
@@ -320,8 +318,7 @@ unsafe fn release_reporting(
                 ),
             )
         })?;
-        // Outside the registry's lock.
-        lease.release_with(report);
+        handle.gate.release_token(lease, report); // outside the registry's lock
         Ok(())
     })
 }

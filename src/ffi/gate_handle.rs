@@ -31,14 +31,17 @@
 use std::cell::RefCell;
 
 use super::leases::LeaseRegistry;
+use crate::core::LeaseToken;
 use crate::sync::{AtomicUsize, Condvar, Mutex, Ordering};
-use crate::{Gate, Lease};
+use crate::Gate;
 
 /// The payload of a `kvgate_gate *`.
 #[derive(Debug)]
 pub(crate) struct GateHandle {
     pub(crate) gate: Gate,
-    pub(crate) leases: LeaseRegistry<Lease>,
+    /// Outstanding leases as bare tokens: this handle owns the gate, so a
+    /// lease needs no reference of its own to it.
+    pub(crate) leases: LeaseRegistry<LeaseToken>,
     calls: CallTracker,
 }
 
@@ -68,8 +71,10 @@ impl GateHandle {
     pub(crate) fn shut_down(&self, key: usize) {
         self.gate.close();
         self.calls.wait_for_others(key);
-        // Dropped outside the registry's locks: each drop releases to the gate.
-        drop(self.leases.close());
+        // Released outside the registry's locks.
+        for token in self.leases.close() {
+            self.gate.release_token(token, crate::TurnReport::default());
+        }
     }
 }
 

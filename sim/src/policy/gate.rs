@@ -244,7 +244,11 @@ impl GateDriver {
         // The figures the simulator reports, added up (working-set gauges
         // are per engine and stay the first core's).
         for s in all {
-            for (t, a) in total.admissions_by_reason.iter_mut().zip(s.admissions_by_reason) {
+            for (t, a) in total
+                .admissions_by_reason
+                .iter_mut()
+                .zip(s.admissions_by_reason)
+            {
                 *t += a;
             }
             total.waits += s.waits;
@@ -318,9 +322,9 @@ mod tests {
         let config = kvgate::Config {
             wait_poll: Duration::from_millis(100),
             idle_grace: Duration::from_millis(500),
-            ..kvgate::Config::default()
+            ..kvgate::Config::reference()
         };
-        GateDriver::new(config, 4).unwrap()
+        GateDriver::new(config, 4, 1).unwrap()
     }
 
     fn probe(a: Action) -> (u64, ProbeKind) {
@@ -333,14 +337,14 @@ mod tests {
     #[test]
     fn open_admission_below_the_watermark() {
         let mut g = driver();
-        let (id, kind) = probe(g.begin(0, 1000, 0));
+        let (id, kind) = probe(g.begin(0, 0, 1000, 0));
         assert_eq!(kind, ProbeKind::Usage);
-        let Action::Admitted { session, token } = g.on_probe(id, kind, Some(0.2), MS) else {
+        let Action::Admitted { session, token } = g.on_probe(id, kind, Some(0.2), None, MS) else {
             panic!()
         };
         assert_eq!(session, 0);
         assert_eq!(token.admission().reason, kvgate::Reason::Open);
-        g.release(token, 2 * MS);
+        g.release(token, TurnReport::default(), 2 * MS);
         assert_eq!(g.live_attempts(), 0);
     }
 
@@ -348,21 +352,22 @@ mod tests {
     fn a_cold_session_sleeps_and_a_release_wakes_it_through_the_list() {
         let mut g = driver();
         // Session 0 holds a lease.
-        let (id, k) = probe(g.begin(0, 10, 0));
-        let Action::Admitted { token, .. } = g.on_probe(id, k, Some(0.1), 0) else {
+        let (id, k) = probe(g.begin(0, 0, 10, 0));
+        let Action::Admitted { token, .. } = g.on_probe(id, k, Some(0.1), None, 0) else {
             panic!()
         };
         // Session 1 is cold under pressure: sleeps.
-        let (id1, k) = probe(g.begin(1, 10, MS));
+        let (id1, k) = probe(g.begin(1, 0, 10, MS));
         assert_eq!(k, ProbeKind::Usage);
-        let (_, k) = probe(g.on_probe(id1, k, Some(0.95), 2 * MS));
+        let (_, k) = probe(g.on_probe(id1, k, Some(0.95), None, 2 * MS));
         assert_eq!(k, ProbeKind::Prefix);
-        let Action::Timer { generation, at, .. } = g.on_probe(id1, k, Some(0.1), 3 * MS) else {
+        let Action::Timer { generation, at, .. } = g.on_probe(id1, k, Some(0.1), None, 3 * MS)
+        else {
             panic!()
         };
         assert_eq!(at, 103 * MS, "poll deadline");
         // The release records a wake; draining runs on_wake at the same instant.
-        g.release(token, 50 * MS);
+        g.release(token, TurnReport::default(), 50 * MS);
         let mut out = Vec::new();
         g.drain_woken(50 * MS, &mut out);
         assert!(matches!(
@@ -379,12 +384,12 @@ mod tests {
     #[test]
     fn a_retry_preempts_the_waiting_attempt() {
         let mut g = driver();
-        let (id, k) = probe(g.begin(2, 10, 0));
-        let (_, k) = probe(g.on_probe(id, k, Some(0.9), MS));
-        let Action::Timer { .. } = g.on_probe(id, k, Some(0.0), 2 * MS) else {
+        let (id, k) = probe(g.begin(2, 0, 10, 0));
+        let (_, k) = probe(g.on_probe(id, k, Some(0.9), None, MS));
+        let Action::Timer { .. } = g.on_probe(id, k, Some(0.0), None, 2 * MS) else {
             panic!()
         };
-        let newer = g.begin(2, 10, 10 * MS);
+        let newer = g.begin(2, 0, 10, 10 * MS);
         assert!(matches!(newer, Action::Probe { .. }));
         let mut out = Vec::new();
         g.drain_woken(10 * MS, &mut out);
