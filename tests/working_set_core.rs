@@ -1,0 +1,256 @@
+//! Working-set admission (the default mode) through the real core and the
+//! blocking gate: capacity from the usage probe, FIFO hand-over to the
+//! waiting session's own attempt, windows as core deadlines, withdrawal of
+//! grants nobody collected, the turn report, and the figures.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
+use kvgate::{AcquireError, Config, EngineCapacity, Gate, ManualClock, Probe, Reason, TurnReport};
+
+const SEC: u64 = 1_000_000_000;
+/// 1000 tokens of KV in blocks of 1, refilled in 1 s (1000 tokens/s).
+fn engine() -> EngineCapacity {
+    EngineCapacity::new(1000, 1, 1000.0)
+}
+
+struct Counting(Arc<AtomicUsize>);
+
+impl Notify for Counting {
+    fn notify(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct Driven<'c> {
+    attempt: Attempt<&'c Core>,
+    wakes: Arc<AtomicUsize>,
+}
+
+fn core() -> Core {
+    Core::new(Config {
+        wait_poll: Duration::from_secs(100),
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+/// Begins `session`'s turn of `prompt` tokens and answers its usage probe.
+fn ask<'c>(core: &'c Core, session: &str, prompt: usize, now: u64) -> (Driven<'c>, Step) {
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let mut attempt = core
+        .begin(
+            session.as_bytes(),
+            prompt,
+            now,
+            None,
+            Box::new(Counting(wakes.clone())),
+        )
+        .unwrap();
+    assert!(matches!(attempt.start(now).unwrap(), Step::ProbeUsage));
+    let step = attempt
+        .on_cache_state(Some(0.1), Some(engine()), now)
+        .unwrap();
+    (Driven { attempt, wakes }, step)
+}
+
+fn admitted(step: Step) -> LeaseToken {
+    match step {
+        Step::Admitted(token) => token,
+        other => panic!("expected admission, got {other:?}"),
+    }
+}
+
+#[test]
+fn sessions_join_while_they_fit_and_the_next_is_handed_over_when_one_finishes() {
+    let core = core();
+    let a = admitted(ask(&core, "a", 600, 0).1);
+    assert_eq!(a.admission().reason, Reason::EmptyWorkingSet);
+    let b = admitted(ask(&core, "b", 300, 0).1);
+    assert_eq!(b.admission().reason, Reason::FitsWorkingSet);
+    // c does not fit beside them: it sleeps, without a prefix probe.
+    let (mut c, step) = ask(&core, "c", 500, 0);
+    assert!(matches!(step, Step::Sleep { .. }), "{step:?}");
+    core.release_with(a, TurnReport::new(Some(0), Some(0)), SEC / 10);
+    assert_eq!(
+        c.wakes.load(Ordering::SeqCst),
+        0,
+        "a keeps its place in its window"
+    );
+    core.release_with(b, TurnReport::new(Some(0), Some(0)), SEC / 5);
+    // a's session ends: its blocks are the oldest in the engine's free queue,
+    // so c is handed the room, woken, and admitted on its next pass.
+    core.finish_session(b"a", SEC / 5);
+    assert_eq!(c.wakes.load(Ordering::SeqCst), 1);
+    let step = c.attempt.on_wake(SEC / 5).unwrap();
+    assert!(matches!(step, Step::ProbeUsage));
+    let lease = admitted(
+        c.attempt
+            .on_cache_state(Some(0.1), Some(engine()), SEC / 5)
+            .unwrap(),
+    );
+    assert_eq!(lease.admission().reason, Reason::FitsWorkingSet);
+    assert!(lease.admission().waited);
+    let stats = core.stats(SEC / 5);
+    assert_eq!(stats.admissions(Reason::FitsWorkingSet), 2);
+    assert_eq!(
+        stats.prefix_probe_calls, 0,
+        "working-set admission never asks the prefix"
+    );
+    assert_eq!(stats.working_set.members, 2);
+    assert_eq!(stats.working_set.capacity_tokens, 1000);
+    core.release(lease, SEC);
+}
+
+#[test]
+fn a_member_comes_back_within_its_window_and_the_window_end_is_a_core_deadline() {
+    let core = core();
+    let a = admitted(ask(&core, "a", 600, 0).1);
+    let b = admitted(ask(&core, "b", 300, 0).1);
+    core.release(b, SEC);
+    // The refill window is 1000 tokens / 1000 tokens/s = 1 s.
+    assert_eq!(core.next_deadline(), Some(2 * SEC));
+    let again = admitted(ask(&core, "b", 350, SEC + SEC / 2).1);
+    assert_eq!(again.admission().reason, Reason::ReservedSession);
+    core.release(again, 2 * SEC);
+    let (mut c, step) = ask(&core, "c", 400, 2 * SEC);
+    assert!(matches!(step, Step::Sleep { .. }));
+    // Nobody touches the gate until b's window ends; a driver that sleeps
+    // until `next_deadline` and then purges lets c in.
+    assert_eq!(core.next_deadline(), Some(3 * SEC));
+    core.purge(3 * SEC);
+    assert_eq!(c.wakes.load(Ordering::SeqCst), 1);
+    assert!(matches!(
+        c.attempt.on_wake(3 * SEC).unwrap(),
+        Step::ProbeUsage
+    ));
+    let lease = admitted(
+        c.attempt
+            .on_cache_state(Some(0.1), Some(engine()), 3 * SEC)
+            .unwrap(),
+    );
+    assert_eq!(lease.admission().reason, Reason::FitsWorkingSet);
+    core.release(lease, 4 * SEC);
+    core.release(a, 4 * SEC);
+}
+
+#[test]
+fn a_grant_its_attempt_never_collects_is_passed_on() {
+    let core = core();
+    let a = admitted(ask(&core, "a", 900, 0).1);
+    let (mut b, _) = ask(&core, "b", 800, 0);
+    let (mut c, _) = ask(&core, "c", 800, 0);
+    core.release(a, SEC);
+    core.finish_session(b"a", SEC);
+    // b (first in line) was handed the room; it is cancelled before it looks.
+    assert_eq!(b.wakes.load(Ordering::SeqCst), 1);
+    assert!(core.cancel_session(b"b"));
+    assert!(matches!(
+        b.attempt.on_wake(SEC).unwrap(),
+        Step::Failed(AcquireError::Cancelled)
+    ));
+    // Its grant went to c.
+    assert_eq!(c.wakes.load(Ordering::SeqCst), 1);
+    assert!(matches!(c.attempt.on_wake(SEC).unwrap(), Step::ProbeUsage));
+    let lease = admitted(
+        c.attempt
+            .on_cache_state(Some(0.1), Some(engine()), SEC)
+            .unwrap(),
+    );
+    assert_eq!(lease.admission().reason, Reason::EmptyWorkingSet);
+    assert_eq!(core.stats(SEC).cancelled, 1);
+    core.release(lease, 2 * SEC);
+}
+
+#[test]
+fn a_retry_keeps_its_place_in_line() {
+    let core = core();
+    let a = admitted(ask(&core, "a", 900, 0).1);
+    let (mut b, _) = ask(&core, "b", 500, 0);
+    let (_c, _) = ask(&core, "c", 500, 1);
+    // b's client retries: the older attempt is preempted, the newer one
+    // keeps b's place ahead of c.
+    let (mut b2, step) = ask(&core, "b", 500, 2);
+    assert!(matches!(step, Step::Sleep { .. }));
+    assert!(matches!(
+        b.attempt.on_wake(2).unwrap(),
+        Step::Failed(AcquireError::Preempted)
+    ));
+    core.release(a, SEC);
+    core.finish_session(b"a", SEC);
+    assert_eq!(b2.wakes.load(Ordering::SeqCst), 1, "b2 is first");
+    assert!(matches!(b2.attempt.on_wake(SEC).unwrap(), Step::ProbeUsage));
+    let lease = admitted(
+        b2.attempt
+            .on_cache_state(Some(0.1), Some(engine()), SEC)
+            .unwrap(),
+    );
+    core.release(lease, 2 * SEC);
+}
+
+#[test]
+fn the_figures_reach_the_prometheus_text() {
+    let core = core();
+    let a = admitted(ask(&core, "a", 600, 0).1);
+    core.release_with(a, TurnReport::new(Some(0), Some(40)), SEC);
+    let text = core.stats(SEC).to_prometheus();
+    for line in [
+        "kvgate_admissions_total{reason=\"empty_working_set\"} 1",
+        "kvgate_working_set_sessions 1",
+        "kvgate_working_set_capacity_tokens 1000",
+        "kvgate_working_set_tokens 640",
+        "kvgate_working_set_window_seconds 1",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in\n{text}");
+    }
+}
+
+/// An engine with a fixed capacity, through the `Probe` trait.
+struct SmallEngine;
+
+impl Probe for SmallEngine {
+    fn kv_cache_usage(&self, _session: &[u8]) -> Option<f64> {
+        Some(0.5)
+    }
+    fn prefix_hit_ratio(&self, _session: &[u8], _prompt: &[u32]) -> Option<f64> {
+        unreachable!("working-set admission never asks the prefix")
+    }
+    fn kv_cache_capacity(&self, _session: &[u8]) -> Option<EngineCapacity> {
+        Some(engine())
+    }
+}
+
+#[test]
+fn the_blocking_gate_waits_for_room_and_is_handed_it() {
+    let clock = Arc::new(ManualClock::new(0));
+    let gate = Gate::with_clock(
+        Config {
+            wait_poll: Duration::from_secs(1000),
+            ..Config::default()
+        },
+        SmallEngine,
+        clock.clone(),
+    )
+    .unwrap();
+    let prompt = vec![1u32; 700];
+    let a = gate.acquire(b"a", &prompt).unwrap();
+    assert_eq!(a.reason(), Reason::EmptyWorkingSet);
+    let waiter = {
+        let gate = gate.clone();
+        let prompt = prompt.clone();
+        std::thread::spawn(move || gate.acquire(b"b", &prompt).map(|l| l.reason()))
+    };
+    while gate.stats().waiting_attempts == 0 {
+        std::thread::yield_now();
+    }
+    a.release_with(TurnReport::new(Some(0), Some(10)));
+    assert!(gate.finish_session(b"a").is_some());
+    assert_eq!(waiter.join().unwrap(), Ok(Reason::EmptyWorkingSet));
+    assert_eq!(
+        gate.stats().usage_probe_calls,
+        3,
+        "one per pass: a, b asleep, b handed over"
+    );
+}
