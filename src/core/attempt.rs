@@ -486,7 +486,7 @@ impl Machine {
         );
         self.facts.reserved = record.reservation.held_at(now);
         let (decision, grants) = match core.ledger() {
-            None => (decide(core.thresholds, self.facts), Vec::new()),
+            None => (decide(core.thresholds, self.facts), Default::default()),
             Some(ledger) => {
                 let usage = self.facts.usage.and_then(ProbeAnswer::value);
                 let id = SessionId::of(&self.key);

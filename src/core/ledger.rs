@@ -46,8 +46,21 @@ impl Hash for SessionId {
     }
 }
 
-/// Sessions let in by a change, to be woken by their session's record.
-pub(crate) type Grants = Vec<(SessionId, Verdict)>;
+/// What a change to the working set asks of the core: the sessions it let
+/// in (to be woken through their records), and whether its next deadline
+/// moved earlier (a sleeper that folded the old one in must ask again).
+#[derive(Debug, Default)]
+pub(crate) struct Grants {
+    pub(crate) sessions: Vec<(SessionId, Verdict)>,
+    pub(crate) deadline_earlier: bool,
+}
+
+impl Grants {
+    pub(crate) fn extend(&mut self, other: Grants) {
+        self.sessions.extend(other.sessions);
+        self.deadline_earlier |= other.deadline_earlier;
+    }
+}
 
 #[derive(Debug)]
 pub(crate) struct Ledger {
@@ -73,10 +86,11 @@ impl Ledger {
     ) -> (R, Grants) {
         let mut set = self.set.lock();
         let result = change(&mut set);
-        let mut grants = Vec::new();
-        set.admit_waiting(now, &mut grants);
-        self.deadline
-            .store(set.next_deadline().unwrap_or(NEVER), Ordering::SeqCst);
+        let mut grants = Grants::default();
+        set.admit_waiting(now, &mut grants.sessions);
+        let next = set.next_deadline().unwrap_or(NEVER);
+        let before = self.deadline.swap(next, Ordering::SeqCst);
+        grants.deadline_earlier = next < before;
         (result, grants)
     }
 
@@ -139,7 +153,7 @@ impl Ledger {
     /// Fires what is due at `now` (window ends, the wait bound).
     pub(crate) fn purge(&self, now: u64) -> Grants {
         if now < self.deadline.load(Ordering::SeqCst) {
-            return Vec::new();
+            return Grants::default();
         }
         self.change(now, |set| set.expire(now)).1
     }

@@ -314,7 +314,7 @@ impl Core {
             let mut grants = if withdraw {
                 ledger.withdraw(&id, now)
             } else {
-                Vec::new()
+                Grants::default()
             };
             if forget {
                 grants.extend(ledger.forget(&id, now));
@@ -594,7 +594,13 @@ impl Core {
     /// each with an event, so that their next pass collects the grant. A
     /// session with no attempt waiting keeps its grant for the next one.
     fn hand_over(&self, grants: Grants) {
-        for (id, _) in grants {
+        if grants.deadline_earlier {
+            // The handshake of `arm_grace`: the deadline is published (by
+            // the ledger's store), now read "asleep".
+            crate::sync::dekker_fence();
+            self.nudge_a_sleeper();
+        }
+        for (id, _) in grants.sessions {
             let shard = self.shard_of_hash(id.hash);
             let pending = {
                 let mut map = shard.lock();
