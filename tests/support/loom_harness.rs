@@ -14,7 +14,7 @@ use std::sync::Arc as StdArc;
 use std::time::Duration;
 
 use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
-use kvgate::{AcquireError, AdmissionMode, Config, Gate, ManualClock, Probe};
+use kvgate::{AcquireError, AdmissionMode, Config, EngineCapacity, Gate, ManualClock, Probe};
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::{Arc, Condvar, Mutex};
 
@@ -76,6 +76,8 @@ pub fn config() -> Config {
 pub struct ScriptedProbe {
     usage_bits: AtomicU64,
     low_from: Option<(StdArc<ManualClock>, u64)>,
+    /// The capacity probe's answer in tokens (working-set models), if any.
+    capacity_tokens: Option<u64>,
 }
 
 impl ScriptedProbe {
@@ -83,6 +85,16 @@ impl ScriptedProbe {
         StdArc::new(Self {
             usage_bits: AtomicU64::new(usage.to_bits()),
             low_from: None,
+            capacity_tokens: None,
+        })
+    }
+
+    /// Answers `usage`, and a KV capacity of `tokens` in blocks of one.
+    pub fn with_capacity(usage: f64, tokens: u64) -> StdArc<Self> {
+        StdArc::new(Self {
+            usage_bits: AtomicU64::new(usage.to_bits()),
+            low_from: None,
+            capacity_tokens: Some(tokens),
         })
     }
 
@@ -91,6 +103,7 @@ impl ScriptedProbe {
         StdArc::new(Self {
             usage_bits: AtomicU64::new(usage.to_bits()),
             low_from: Some((clock, at)),
+            capacity_tokens: None,
         })
     }
 
@@ -123,6 +136,11 @@ impl Probe for ScriptedProbe {
 
     fn prefix_hit_ratio(&self, session: &[u8], _prompt: &[u32]) -> Option<f64> {
         Some(Self::hit(session))
+    }
+
+    fn kv_cache_capacity(&self, _session: &[u8]) -> Option<EngineCapacity> {
+        self.capacity_tokens
+            .map(|tokens| EngineCapacity::new(tokens, 1, 1000.0))
     }
 }
 
@@ -300,7 +318,10 @@ pub fn drive_from(
         step = match step {
             Step::ProbeUsage => {
                 let usage = probe.kv_cache_usage(&session);
-                d.attempt.on_usage(usage, time.now()).unwrap()
+                let capacity = probe.kv_cache_capacity(&session);
+                d.attempt
+                    .on_cache_state(usage, capacity, time.now())
+                    .unwrap()
             }
             Step::ProbePrefix => {
                 let hit = probe.prefix_hit_ratio(&session, PROMPT);

@@ -77,17 +77,25 @@ impl Policy {
     pub fn describe(&self) -> String {
         match &self.kind {
             PolicyKind::None => "no admission control".into(),
-            PolicyKind::Kvgate { config: c, probe } => format!(
-                "kvgate core: watermark {}, hit threshold {}, idle grace {} s, poll {} s{}",
-                c.high_watermark,
-                c.hit_threshold,
-                c.idle_grace.as_secs_f64(),
-                c.wait_poll.as_secs_f64(),
-                match probe {
+            PolicyKind::Kvgate { config: c, probe } => {
+                let target = match probe {
                     ProbeTarget::SessionReplica => "",
                     ProbeTarget::FirstReplica => "; probes always answered by replica 0",
+                };
+                match c.admission {
+                    kvgate::AdmissionMode::Reference => format!(
+                        "kvgate core, the seed's table: watermark {}, hit threshold {}, idle grace {} s, poll {} s{target}",
+                        c.high_watermark,
+                        c.hit_threshold,
+                        c.idle_grace.as_secs_f64(),
+                        c.wait_poll.as_secs_f64(),
+                    ),
+                    _ => format!(
+                        "kvgate core, working-set admission (one gate per replica), poll {} s{target}",
+                        c.wait_poll.as_secs_f64(),
+                    ),
                 }
-            ),
+            }
             PolicyKind::Cap(k) => format!("at most {k} sessions in flight per replica"),
             PolicyKind::TtlPin { ttl_ns } => format!(
                 "engine pins a session's blocks for {} s after each turn",
