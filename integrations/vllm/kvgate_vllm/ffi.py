@@ -177,9 +177,29 @@ def _session_buf(session: bytes) -> tuple[Optional[ctypes.Array], int]:
     return ((c_uint8 * len(session)).from_buffer_copy(session) if session else None), len(session)
 
 
-def make_config(knobs: dict[str, float]) -> c_void_p:
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def header_constant(name: str) -> int:
+    """The value of an enum constant or #define in include/kvgate.h."""
+    import re
+
+    header = (REPO / "include" / "kvgate.h").read_text()
+    m = re.search(rf"\b{re.escape(name)}\s*=\s*(\d+)", header) or re.search(rf"#define {re.escape(name)} (\d+)", header)
+    if not m:
+        raise KvgateError(Status.INVALID_ARGUMENT, f"{name} is not in include/kvgate.h")
+    return int(m.group(1))
+
+
+def make_config(knobs: dict[str, float | str]) -> c_void_p:
     """A new kvgate_config with `kvgate_config_set_<knob>(value)` applied for each
-    knob; the caller frees it with free_config. Unknown knobs raise KvgateError."""
+    knob (a number as a double; a name as the header constant KVGATE_<KNOB>_<NAME>);
+    the caller frees it with kvgate_config_free. Unknown knobs raise KvgateError."""
     lib = load()
     raw = lib.kvgate_config_new()
     try:
@@ -187,8 +207,13 @@ def make_config(knobs: dict[str, float]) -> c_void_p:
             setter = getattr(lib, f"kvgate_config_set_{knob}", None) if knob.isidentifier() else None
             if setter is None:
                 raise KvgateError(Status.INVALID_ARGUMENT, f"unknown kvgate knob {knob!r} (no kvgate_config_set_{knob})")
-            setter.restype, setter.argtypes = SETTER_SIGNATURE
-            _check(setter(raw, float(value)))
+            if isinstance(value, str) and not _is_number(value):
+                # A named value: the header's constant KVGATE_<KNOB>_<VALUE>, passed as uint32.
+                setter.restype, setter.argtypes = _status, [c_void_p, c_uint32]
+                _check(setter(raw, header_constant(f"KVGATE_{knob}_{value}".upper())))
+            else:
+                setter.restype, setter.argtypes = SETTER_SIGNATURE
+                _check(setter(raw, float(value)))
     except BaseException:
         lib.kvgate_config_free(raw)
         raise
@@ -205,7 +230,7 @@ class Gate:
     Probes run on the thread inside acquire; an exception or a None answer
     counts as "unavailable" (nothing unwinds through C)."""
 
-    def __init__(self, knobs: dict[str, float], usage: Optional[UsageProbe], prefix: Optional[PrefixProbe]) -> None:
+    def __init__(self, knobs: dict[str, float | str], usage: Optional[UsageProbe], prefix: Optional[PrefixProbe]) -> None:
         self._lib = load()
         self._usage, self._prefix = usage, prefix
         # The CFUNCTYPE objects must outlive the gate: kept on self.
