@@ -25,6 +25,12 @@ stamp="$venv/.kvgate-engine-stamp"
 want=$(sha256sum "$reqs" | cut -d' ' -f1)
 
 if ! command -v "$py" >/dev/null 2>&1; then
+    # pyenv installs may be off a non-login shell's PATH (CI)
+    for candidate in "$HOME/.pyenv/shims/$py" "$HOME"/.pyenv/versions/3.11*/bin/python3.11; do
+        if [[ -x "$candidate" ]]; then py=$candidate; break; fi
+    done
+fi
+if ! command -v "$py" >/dev/null 2>&1; then
     echo "install-vllm: $py not found (set KVGATE_PYTHON to a Python 3.11 interpreter)" >&2
     exit 2
 fi
@@ -61,8 +67,9 @@ fi
 # so a second run costs a second.
 for pkg in integrations/vllm; do
     if [[ -f "$pkg/pyproject.toml" ]]; then
-        name=$(sed -n 's/^name *= *"\(.*\)"/\1/p' "$pkg/pyproject.toml" | head -1)
-        if ! "$venv/bin/python" -m pip show -q "$name" >/dev/null 2>&1; then
+        # (re)installed when missing or installed from another checkout (editable path differs)
+        where=$("$venv/bin/python" -c 'import kvgate_vllm, os; print(os.path.dirname(os.path.dirname(os.path.abspath(kvgate_vllm.__file__))))' 2>/dev/null || true)
+        if [[ "$where" != "$repo/$pkg" ]]; then
             echo "==> pip install -e $pkg"
             "${pip[@]}" install --no-deps --no-build-isolation -e "$repo/$pkg"
         fi
