@@ -126,10 +126,13 @@ def engine_for(session: str, dp_size: int) -> int:
 class Gates:
     """One kvgate gate per data-parallel engine, made on first use."""
 
-    def __init__(self, llm: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, llm: Any, loop: asyncio.AbstractEventLoop, knobs: Optional[dict[str, float | str]] = None) -> None:
+        """`llm`: an AsyncLLM (anything with `.engine_core`, a vLLM engine-core client);
+        `loop`: the event loop that client runs on; `knobs`: kvgate config (default:
+        KVGATE_VLLM_CONFIG)."""
         self.llm = llm
         self.loop = loop
-        self.knobs = parse_config(os.environ.get("KVGATE_VLLM_CONFIG", ""))
+        self.knobs = parse_config(os.environ.get("KVGATE_VLLM_CONFIG", "")) if knobs is None else knobs
         client = llm.engine_core
         self.engines = list(getattr(client, "core_engines", None) or [None])
         self.gates: dict[int, ffi.AsyncGate] = {}
