@@ -135,3 +135,25 @@ def test_plugin_off_serves_sessions_without_a_gate(plain: Server) -> None:
     text = plain.metrics()
     assert "kvgate_" not in text
     assert metric(text, "vllm:prefix_cache_queries_total") >= 300
+
+
+def test_a_newer_request_of_a_session_supersedes_its_waiting_one(gated: Server) -> None:
+    rng = random.Random(10)
+    a = open_stream(gated, random_prompt(rng, 2000), 4000, "agent-busy")
+    resp = a.getresponse()
+    resp.fp.readline()  # A runs, above the watermark
+    wait_for("A holds a lease", lambda: metric(gated.metrics(), "kvgate_active_leases") == 1)
+    cold = random_prompt(rng, 200)
+    first = http.client.HTTPConnection("127.0.0.1", gated.port, timeout=PATIENCE_SEC)
+    body = json.dumps({"model": gated.model, "prompt": cold, "max_tokens": 4})
+    first.request("POST", "/v1/completions", body, {"Content-Type": "application/json", "X-Session-ID": "agent-dup"})
+    wait_for("the first request waits", lambda: metric(gated.metrics(), "kvgate_waiting_attempts") == 1)
+    second = open_stream(gated, cold, 4, "agent-dup")  # the client retried
+    answer = first.getresponse()
+    assert answer.status == 409, answer.read()
+    assert b"superseded" in answer.read()
+    wait_for("only the newer request waits", lambda: metric(gated.metrics(), "kvgate_waiting_attempts") == 1)
+    second.close()
+    a.close()
+    wait_for("no lease is left", lambda: metric(gated.metrics(), "kvgate_active_leases") == 0)
+    wait_for("no attempt waits", lambda: metric(gated.metrics(), "kvgate_waiting_attempts") == 0)
