@@ -47,9 +47,8 @@ def main() -> None:
         prev = base[: n - 500]
 
         def session_turn() -> None:
-            core.kvgate_prefix(prev, None, None, "bench")  # the previous turn (cached chain)
-            core.kvgate_forget  # noqa: B018 - keep the chain
-            core.kvgate_prefix(prompt, None, None, "bench")
+            core.kvgate_prefix(prev, None, None, "bench")  # the previous turn: leaves its chain
+            core.kvgate_prefix(prompt, None, None, "bench")  # this turn: hashes only the new blocks
 
         both = median_ms(session_turn, args.reps)
         prev_only = median_ms(lambda: core.kvgate_prefix(prev, None, None, "bench"), args.reps)
