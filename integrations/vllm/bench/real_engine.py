@@ -1,0 +1,402 @@
+"""The real-engine comparison: no gate, fixed caps, kvgate, on one in-process vLLM engine.
+
+    python integrations/vllm/bench/real_engine.py \
+        --policies none,cap-2,cap-3,cap-4,cap-5,cap-6,kvgate,kvgate:high_watermark=0.2,idle_grace_sec=1,wait_poll_sec=1 \
+        --steps-csv /tmp/kvgate-steps.csv
+
+Workload: ../shared/notes/adaptive-admission.md §1 (kvgate_vllm.workload; 24 sessions x
+10 turns by default), the `small` prefill-dominated model, 400 blocks of 32 tokens,
+max_num_batched_tokens 2048. The engine is stepped on the main thread; probes and
+requests are posted to it by one thread per session and served between steps (as
+UTILITY calls are in `vllm serve`).
+
+Policies (comma-separated; `;` also separates, so knob lists may use `,` after `kvgate:`):
+- `none`: every turn goes straight to the engine.
+- `cap-K`: at most K sessions active at a time: a session takes a slot before its
+  first turn and frees it after its last (a session in a tool call keeps it).
+- `kvgate` / `kvgate:knob=value,...`: each turn acquires a kvgate lease (usage and
+  prefix probes served by the engine), released when the turn finishes; the
+  session is finished after its last turn. Each `knob=value` calls
+  `kvgate_config_set_<knob>(value)` (a number), or with a name,
+  `kvgate_config_set_<knob>(KVGATE_<KNOB>_<NAME>)` from the header; unset knobs are
+  the library's defaults. Capacity and per-turn cached tokens go through
+  kvgate_vllm.feedback (the one place to wire them to the C ABI).
+
+Prints per policy: makespan, hit rate (sum of num_cached_tokens / sum of prompt
+tokens), hit rate over the last third of turns, prefilled tokens (uncached prompt
+tokens the engine scheduled, recomputation included), first/last-turn mean latency,
+admissions by reason, and the best fixed cap. `--steps-csv` writes every engine
+step (duration vs scheduled prefill and decode tokens) for the simulator's
+step-time fit; `--json` writes the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import queue
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future
+from typing import Any, Callable, Optional
+
+from kvgate_vllm import feedback, ffi
+from kvgate_vllm.engine import core_of, make_engine, sampling
+from kvgate_vllm.workload import Workload
+
+
+@dataclasses.dataclass
+class Turn:
+    session: int
+    index: int
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    latency_sec: float  # admission wait + engine time
+    wait_sec: float
+    reason: str
+
+
+@dataclasses.dataclass
+class StepRow:
+    t: float
+    dur_ms: float
+    prefill_tokens: int
+    decode_tokens: int
+    prefill_reqs: int
+    decode_reqs: int
+    running: int
+    waiting: int
+    usage: float
+
+
+def parse_policies(spec: str) -> list[str]:
+    """Splits on ',' except inside a kvgate knob list (`kvgate:a=1,b=2`)."""
+    out: list[str] = []
+    for part in spec.replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" in part and ":" not in part and out and out[-1].startswith("kvgate:"):
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
+def parse_knobs(policy: str) -> dict[str, Any]:
+    if ":" not in policy:
+        return {}
+    knobs: dict[str, Any] = {}
+    for item in policy.split(":", 1)[1].split(","):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"bad knob {item!r} in {policy!r}: want name=value")
+        try:
+            knobs[name.strip()] = float(value)
+        except ValueError:
+            knobs[name.strip()] = value.strip()
+    return knobs
+
+
+class EngineLoop:
+    """Owns the engine; runs on the main thread. Other threads post work with `call`."""
+
+    def __init__(self, engine: Any, steps: list[StepRow]) -> None:
+        self.engine = engine
+        self.core = core_of(engine)
+        self.inbox: "queue.Queue[tuple[Callable[[], Any], Future]]" = queue.Queue()
+        self.pending: dict[str, Future] = {}
+        self.steps = steps
+        self.stop = False
+        self._last_sched: Optional[Any] = None
+        sched = self.core.scheduler
+        original = sched.schedule
+
+        def schedule_and_record(*a: Any, **k: Any) -> Any:
+            out = original(*a, **k)
+            self._last_sched = out
+            return out
+
+        sched.schedule = schedule_and_record  # instance attribute: records what each step scheduled
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        fut: Future = Future()
+        self.inbox.put((fn, fut))
+        return fut.result()
+
+    def submit(self, request_id: str, prompt: list[int], max_tokens: int) -> Future:
+        done: Future = Future()
+
+        def add() -> None:
+            self.pending[request_id] = done
+            self.engine.add_request(request_id, {"prompt_token_ids": prompt}, sampling(max_tokens))
+
+        self.call(add)
+        return done
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=0.002) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            fn, fut = item
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(e)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _prefill_decode(self, out: Any) -> tuple[int, int, int, int]:
+        """Scheduled tokens split into prompt (prefill) and decode, per request."""
+        if out is None:
+            return 0, 0, 0, 0
+        reqs = self.core.scheduler.requests
+        pf = dc = npf = ndc = 0
+        for rid, n in out.num_scheduled_tokens.items():
+            req = reqs.get(rid)
+            after = req.num_computed_tokens if req is not None else n
+            before = after - n
+            prompt_len = req.num_prompt_tokens if req is not None else 0
+            p = max(0, min(after, prompt_len) - before)
+            pf, dc = pf + p, dc + (n - p)
+            npf, ndc = npf + (p > 0), ndc + (p == 0)
+        return pf, dc, npf, ndc
+
+    def run(self, t0: float) -> None:
+        engine, sched = self.engine, self.core.scheduler
+        while not self.stop:
+            self._drain(block=not engine.has_unfinished_requests())
+            if not engine.has_unfinished_requests():
+                continue
+            self._last_sched = None
+            start = time.perf_counter()
+            outputs = engine.step()
+            dur = time.perf_counter() - start
+            pf, dc, npf, ndc = self._prefill_decode(self._last_sched)
+            if pf or dc:
+                self.steps.append(
+                    StepRow(start - t0, dur * 1e3, pf, dc, npf, ndc, len(sched.running), len(sched.waiting), self.core.kvgate_usage())
+                )
+            for out in outputs:
+                if out.finished and out.request_id in self.pending:
+                    self.pending.pop(out.request_id).set_result(out)
+
+
+class Admission:
+    """How a policy admits: `session_start`, `turn` (returns a release function), `session_end`."""
+
+    def session_start(self, s: int) -> None: ...
+
+    def turn(self, s: int, prompt: list[int]) -> tuple[str, float, Callable[[Any], None]]:
+        return "none", 0.0, lambda out: None
+
+    def session_end(self, s: int) -> None: ...
+
+    def reasons(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None: ...
+
+
+class FixedCap(Admission):
+    def __init__(self, k: int) -> None:
+        self.sem = threading.Semaphore(k)
+
+    def session_start(self, s: int) -> None:
+        self.sem.acquire()
+
+    def session_end(self, s: int) -> None:
+        self.sem.release()
+
+
+class KvgateAdmission(Admission):
+    def __init__(self, loop: EngineLoop, knobs: dict[str, Any]) -> None:
+        self.loop = loop
+        core = loop.core
+        self.gate = ffi.Gate(
+            knobs,
+            usage=lambda sid: loop.call(core.kvgate_usage),
+            prefix=self._prefix,
+        )
+        feedback.report_capacity(self.gate, core.kvgate_capacity())  # built on the engine thread, before it runs
+        self.counts: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def _prefix(self, sid: bytes, prompt: list[int]) -> Optional[float]:
+        hit, n = self.loop.call(lambda: self.loop.core.kvgate_prefix(prompt, None, None, sid.decode()))
+        return hit / n if n else None
+
+    def turn(self, s: int, prompt: list[int]) -> tuple[str, float, Callable[[Any], None]]:
+        adm = self.gate.acquire(f"agent-{s}".encode(), prompt)
+        reason = ffi.reason_name(adm.reason)
+        with self.lock:
+            self.counts[reason] += 1
+        lease = adm.lease
+        return reason, adm.wait_sec, lambda out: feedback.release(self.gate, lease, feedback.figures_of(out))
+
+    def session_end(self, s: int) -> None:
+        self.gate.finish_session(f"agent-{s}".encode())
+        self.loop.call(lambda: self.loop.core.kvgate_forget(f"agent-{s}"))
+
+    def reasons(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    def close(self) -> None:
+        self.gate.free()
+
+
+def make_admission(policy: str, loop: EngineLoop) -> Admission:
+    if policy == "none":
+        return Admission()
+    if policy.startswith("cap-"):
+        return FixedCap(int(policy[4:]))
+    if policy == "kvgate" or policy.startswith("kvgate:"):
+        return KvgateAdmission(loop, parse_knobs(policy))
+    raise SystemExit(f"unknown policy {policy!r}: none, cap-K, kvgate[:knob=value,...]")
+
+
+def run_policy(policy: str, workload: Workload, engine_kwargs: dict[str, Any], steps_out: list[StepRow]) -> dict[str, Any]:
+    engine = make_engine(**engine_kwargs)
+    warm = list(range(3, 3 + 600))  # warm-up (first-step costs), outside the makespan; evicted by the run
+    engine.add_request("warm-up", {"prompt_token_ids": warm}, sampling(8))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.reset_prefix_cache()
+    steps: list[StepRow] = []
+    loop = EngineLoop(engine, steps)
+    admission = make_admission(policy, loop)
+    turns: list[Turn] = []
+    turns_lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def session(s: int) -> None:
+        try:
+            script = workload.session(s)
+            prompt = list(script.first_prompt)
+            admission.session_start(s)
+            for t in range(workload.turns):
+                start = time.perf_counter()
+                reason, wait, release = admission.turn(s, prompt)
+                n_out = script.output_tokens()
+                try:
+                    out = loop.submit(f"s{s}-t{t}", prompt, n_out).result()
+                except BaseException:
+                    release(None)
+                    raise
+                release(out)
+                with turns_lock:
+                    turns.append(Turn(s, t, len(prompt), int(out.num_cached_tokens or 0), n_out, time.perf_counter() - start, wait, reason))
+                if t + 1 < workload.turns:
+                    sec, result = script.tool_call()
+                    time.sleep(sec)
+                    prompt = prompt + list(out.outputs[0].token_ids) + result
+            admission.session_end(s)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=session, args=(s,), daemon=True) for s in range(workload.sessions)]
+    for th in threads:
+        th.start()
+
+    def stopper() -> None:
+        for th in threads:
+            th.join()
+        loop.stop = True
+        loop.inbox.put((lambda: None, Future()))
+
+    threading.Thread(target=stopper, daemon=True).start()
+    loop.run(t0)
+    makespan = time.perf_counter() - t0
+    admission.close()
+    if errors:
+        raise errors[0]
+    del engine
+    steps_out.extend(steps)
+    prompt_total = sum(t.prompt_tokens for t in turns)
+    last_third = [t for t in turns if t.index >= workload.turns - max(1, workload.turns // 3)]
+
+    def mean_latency(index: int) -> float:
+        xs = [t.latency_sec for t in turns if t.index == index]
+        return sum(xs) / len(xs) if xs else float("nan")
+
+    return {
+        "policy": policy,
+        "makespan_sec": makespan,
+        "hit_rate": sum(t.cached_tokens for t in turns) / prompt_total,
+        "hit_rate_last_third": sum(t.cached_tokens for t in last_third) / max(1, sum(t.prompt_tokens for t in last_third)),
+        "prompt_tokens": prompt_total,
+        "prefilled_tokens": sum(s.prefill_tokens for s in steps),
+        "first_turn_latency_sec": mean_latency(0),
+        "last_turn_latency_sec": mean_latency(workload.turns - 1),
+        "admissions_by_reason": admission.reasons(),
+        "turns": len(turns),
+        "steps": len(steps),
+    }
+
+
+def print_table(results: list[dict[str, Any]], file: Any = sys.stdout) -> None:
+    print("| policy | makespan | hit rate | hit rate, last third | prefilled tokens | first / last-turn latency | admissions by reason |", file=file)
+    print("|---|---|---|---|---|---|---|", file=file)
+    for r in results:
+        reasons = ", ".join(f"{v} {k}" for k, v in sorted(r["admissions_by_reason"].items(), key=lambda kv: -kv[1])) or "—"
+        print(
+            f"| {r['policy']} | {r['makespan_sec']:.1f} s | {100 * r['hit_rate']:.1f}% | {100 * r['hit_rate_last_third']:.1f}% "
+            f"| {r['prefilled_tokens']:,} | {r['first_turn_latency_sec']:.2f} s / {r['last_turn_latency_sec']:.2f} s | {reasons} |",
+            file=file,
+        )
+    caps = [r for r in results if r["policy"].startswith("cap-")]
+    if caps:
+        best = min(caps, key=lambda r: r["makespan_sec"])
+        print(f"\nbest fixed cap (hindsight): {best['policy']} at {best['makespan_sec']:.1f} s", file=file)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policies", default="none,cap-2,cap-3,cap-4,cap-5,cap-6,kvgate")
+    ap.add_argument("--model", default="small", choices=["tiny", "small"])
+    ap.add_argument("--sessions", type=int, default=24)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--blocks", type=int, default=400)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps-csv", help="write every engine step: policy, time, duration vs prefill/decode tokens")
+    ap.add_argument("--json", help="write the results as JSON")
+    args = ap.parse_args()
+    workload = Workload(sessions=args.sessions, turns=args.turns, seed=args.seed)
+    engine_kwargs = {"size": args.model, "num_blocks": args.blocks, "max_num_batched_tokens": args.max_num_batched_tokens}
+    print(f"workload {workload}; engine {engine_kwargs}; kvgate {ffi.version()}", flush=True)
+    results: list[dict[str, Any]] = []
+    rows: list[tuple[str, StepRow]] = []
+    for policy in parse_policies(args.policies):
+        steps: list[StepRow] = []
+        r = run_policy(policy, workload, engine_kwargs, steps)
+        rows.extend((policy, s) for s in steps)
+        results.append(r)
+        print(f"{policy}: {r['makespan_sec']:.1f} s, hit rate {100 * r['hit_rate']:.1f}%, prefilled {r['prefilled_tokens']:,}, "
+              f"admissions {r['admissions_by_reason'] or '-'}", flush=True)
+    print()
+    print_table(results)
+    if args.steps_csv:
+        with open(args.steps_csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["policy"] + [fld.name for fld in dataclasses.fields(StepRow)])
+            for policy, s in rows:
+                w.writerow([policy] + [round(v, 6) if isinstance(v, float) else v for v in dataclasses.astuple(s)])
+        print(f"\nengine steps: {len(rows)} rows in {args.steps_csv}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"workload": dataclasses.asdict(workload), "engine": engine_kwargs, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Starts `vllm serve` (as `python -m vllm.entrypoints.openai.api_server`: the
+`vllm` console script fails with the CPU wheel) on a local random model, for
+tests and benchmarks. Loopback only."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Optional
+
+from . import models
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, gate: bool, size: str = "tiny", num_blocks: int = 400, config: str = "", log_path: Optional[str] = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        model = models.make_model(size)
+        self.model = str(model)
+        env = dict(os.environ)
+        env["KVGATE_VLLM_GATE"] = "1" if gate else "0"
+        env["KVGATE_VLLM_CONFIG"] = config
+        env.setdefault("VLLM_PLUGINS", "kvgate")
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
+            "--skip-tokenizer-init", "--enable-prefix-caching", "--block-size", "32",
+            "--num-gpu-blocks-override", str(num_blocks), "--max-model-len", "8192",
+            "--max-num-batched-tokens", "2048", "--max-num-seqs", "64",
+            "--gpu-memory-utilization", "0.3", "--enforce-eager",
+        ]  # fmt: skip
+        self.log = open(log_path or os.devnull, "wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, patience_sec: float = 600.0) -> None:
+        deadline = time.monotonic() + patience_sec
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode} (see its log)")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("vllm serve did not become healthy")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total, seen = 0.0, False
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+                seen = True
+    if not seen:
+        raise KeyError(name)
+    return total

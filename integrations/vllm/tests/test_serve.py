@@ -1,0 +1,159 @@
+"""`vllm serve` end to end with a real HTTP client (the `openai` package and raw
+HTTP), plugin on and off, on a served tiny model. Nothing mocked."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import time
+from typing import Any, Callable, Iterator
+
+import openai
+import pytest
+
+from kvgate_vllm.engine import random_prompt
+from kvgate_vllm.server import Server, metric
+
+PATIENCE_SEC = 300.0  # how long a check may wait for the server to settle (not a timing target)
+
+
+def wait_for(what: str, cond: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + PATIENCE_SEC
+    while not cond():
+        assert time.monotonic() < deadline, f"gave up waiting until {what}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory: Any) -> Iterator[Server]:
+    # A low watermark so a cold turn waits while another turn runs (for the abort check).
+    log = tmp_path_factory.mktemp("serve") / "gated.log"
+    srv = Server(gate=True, config="high_watermark=0.05,wait_poll_sec=60", log_path=str(log))
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: Any) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("serve") / "plain.log"
+    srv = Server(gate=False, log_path=str(log))
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def complete(srv: Server, prompt: list[int], n: int, headers: dict[str, str] | None = None) -> Any:
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=PATIENCE_SEC)
+    return client.completions.create(
+        model=srv.model, prompt=prompt, max_tokens=n, temperature=0.0,
+        extra_headers=headers or {}, extra_body={"ignore_eos": True, "min_tokens": n, "return_token_ids": True},
+    )  # fmt: skip
+
+
+def admissions(srv: Server) -> float:
+    return metric(srv.metrics(), "kvgate_admissions_all_total")
+
+
+def test_session_turns_are_admitted_and_released(gated: Server) -> None:
+    rng = random.Random(1)
+    prompt = random_prompt(rng, 300)
+    complete(gated, prompt, 8, {"X-Session-ID": "agent-a"})  # opens the gate (capacity reported)
+    before = admissions(gated)
+    for turn in range(3):
+        out = complete(gated, prompt, 8, {"X-Session-ID": "agent-a"})
+        prompt = prompt + list(out.choices[0].token_ids) + random_prompt(rng, 50)
+    text = gated.metrics()
+    assert metric(text, "kvgate_admissions_all_total") == before + 3
+    assert metric(text, "kvgate_active_leases") == 0
+    assert metric(text, "kvgate_admissions_total", engine="0") >= 4  # kvgate's figures on vLLM's /metrics ...
+    assert metric(text, "vllm:prefix_cache_hits_total") > 0  # ... next to vLLM's own
+
+
+def test_requests_without_a_session_pass_untouched(gated: Server) -> None:
+    complete(gated, random_prompt(random.Random(2), 100), 4, {"X-Session-ID": "agent-warm"})
+    before = admissions(gated)
+    complete(gated, random_prompt(random.Random(3), 100), 4)
+    assert admissions(gated) == before
+
+
+@pytest.mark.parametrize("header", ["X-Dynamo-Session-ID", "X-Claude-Code-Session-Id", "session_id"])
+def test_other_agent_session_headers_are_accepted(gated: Server, header: str) -> None:
+    complete(gated, random_prompt(random.Random(4), 100), 4, {"X-Session-ID": "agent-warm"})
+    before = admissions(gated)
+    complete(gated, random_prompt(random.Random(5), 100), 4, {header: f"agent-{header}"})
+    assert admissions(gated) == before + 1
+
+
+def test_the_final_turn_header_finishes_the_session(gated: Server) -> None:
+    complete(gated, random_prompt(random.Random(6), 100), 4, {"X-Session-ID": "agent-warm"})
+    before = metric(gated.metrics(), "kvgate_sessions_finished_total")
+    complete(gated, random_prompt(random.Random(7), 100), 4, {"X-Dynamo-Session-ID": "agent-final", "X-Dynamo-Session-Final": "true"})
+    assert metric(gated.metrics(), "kvgate_sessions_finished_total") == before + 1
+
+
+def open_stream(srv: Server, prompt: list[int], n: int, session: str) -> http.client.HTTPConnection:
+    """Starts a streaming completion on a raw connection and returns it unread."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=PATIENCE_SEC)
+    body = json.dumps({"model": srv.model, "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True, "stream": True})
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json", "X-Session-ID": session})
+    return conn
+
+
+def test_disconnecting_clients_leave_no_lease(gated: Server) -> None:
+    rng = random.Random(8)
+    # A: admitted, then the client disconnects mid-stream (the request is aborted).
+    a = open_stream(gated, random_prompt(rng, 2000), 4000, "agent-disconnect-running")
+    resp = a.getresponse()
+    assert resp.status == 200
+    resp.fp.readline()  # the first streamed event: A is running
+    wait_for("A holds a lease", lambda: metric(gated.metrics(), "kvgate_active_leases") == 1)
+    # B: a cold session while A runs above the watermark: it waits for admission ...
+    b = open_stream(gated, random_prompt(rng, 200), 4, "agent-disconnect-waiting")
+    wait_for("B waits", lambda: metric(gated.metrics(), "kvgate_waiting_attempts") == 1)
+    b.close()  # ... and its client goes away before it is admitted
+    a.close()
+    wait_for("no attempt waits", lambda: metric(gated.metrics(), "kvgate_waiting_attempts") == 0)
+    wait_for("no lease is left", lambda: metric(gated.metrics(), "kvgate_active_leases") == 0)
+    text = gated.metrics()
+    assert metric(text, "kvgate_attempts_failed_total", outcome="cancelled") >= 1
+    wait_for("the engine runs nothing", lambda: metric(gated.metrics(), "vllm:num_requests_running") == 0)
+    # the gate still admits afterwards
+    before = admissions(gated)
+    complete(gated, random_prompt(rng, 100), 4, {"X-Session-ID": "agent-after"})
+    assert admissions(gated) == before + 1
+
+
+def test_plugin_off_serves_sessions_without_a_gate(plain: Server) -> None:
+    out = complete(plain, random_prompt(random.Random(9), 300), 8, {"X-Session-ID": "agent-a"})
+    assert len(out.choices[0].token_ids) == 8
+    text = plain.metrics()
+    assert "kvgate_" not in text
+    assert metric(text, "vllm:prefix_cache_queries_total") >= 300
+
+
+def test_a_newer_request_of_a_session_supersedes_its_waiting_one(gated: Server) -> None:
+    rng = random.Random(10)
+    a = open_stream(gated, random_prompt(rng, 2000), 4000, "agent-busy")
+    resp = a.getresponse()
+    resp.fp.readline()  # A runs, above the watermark
+    wait_for("A holds a lease", lambda: metric(gated.metrics(), "kvgate_active_leases") == 1)
+    cold = random_prompt(rng, 200)
+    first = http.client.HTTPConnection("127.0.0.1", gated.port, timeout=PATIENCE_SEC)
+    body = json.dumps({"model": gated.model, "prompt": cold, "max_tokens": 4})
+    first.request("POST", "/v1/completions", body, {"Content-Type": "application/json", "X-Session-ID": "agent-dup"})
+    wait_for("the first request waits", lambda: metric(gated.metrics(), "kvgate_waiting_attempts") == 1)
+    second = open_stream(gated, cold, 4, "agent-dup")  # the client retried
+    answer = first.getresponse()
+    assert answer.status == 409, answer.read()
+    assert b"superseded" in answer.read()
+    wait_for("only the newer request waits", lambda: metric(gated.metrics(), "kvgate_waiting_attempts") == 1)
+    second.close()
+    a.close()
+    wait_for("no lease is left", lambda: metric(gated.metrics(), "kvgate_active_leases") == 0)
+    wait_for("no attempt waits", lambda: metric(gated.metrics(), "kvgate_waiting_attempts") == 0)

