@@ -189,6 +189,34 @@ typedef uint32_t kvgate_reason;
 #endif // __cplusplus
 
 /**
+ * How the gate decides (`kvgate_config_set_admission_mode`). Values are stable.
+ */
+enum kvgate_admission_mode
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+    /**
+     * Working-set admission (the default): sessions are admitted while
+     * their prefix-cache footprints fit the engine's KV capacity, in FIFO
+     * order, and keep their place between turns for a window measured
+     * from the engine.
+     */
+    KVGATE_ADMISSION_MODE_WORKING_SET = 0,
+    /**
+     * The seed's decision table: usage watermark, reservation, prefix probe.
+     */
+    KVGATE_ADMISSION_MODE_REFERENCE = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvgate_admission_mode kvgate_admission_mode;
+#else
+typedef uint32_t kvgate_admission_mode;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * A configuration under construction (opaque; a `Box` of the Rust
  * `Config` and the host's probes).
  *

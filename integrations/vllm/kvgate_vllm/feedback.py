@@ -1,13 +1,12 @@
 """THE single place where the vLLM side feeds measurements back into kvgate.
 
-Issue 12 (working-set admission) needs, from the engine: its KV capacity in
-tokens (num_gpu_blocks x block_size, the `kvgate_capacity` probe) and, for each
-finished turn, the engine's `num_cached_tokens` with the prompt and output token
-counts. Both the benchmark harness (bench/real_engine.py) and the in-server gate
-(kvgate_vllm.serve) call only these two functions; they collect the figures
-today and pass them on once the C ABI has calls for them. To wire them: replace
-the two marked lines below (and add the functions to ffi.SIGNATURES so the
-header test checks them).
+Working-set admission (the library default) needs, from the engine: its KV
+capacity in tokens (num_gpu_blocks x block_size, the `kvgate_capacity` probe),
+answered by the gate's capacity probe, and, for each finished turn, the
+engine's `num_cached_tokens` and output token count, reported at release
+(`kvgate_release_with_report`). Both the benchmark harness
+(bench/real_engine.py) and the in-server gate (kvgate_vllm.serve) call only
+these two functions.
 """
 
 from __future__ import annotations
@@ -37,12 +36,14 @@ def figures_of(output: Any, ok: bool = True) -> TurnFigures:
 
 def report_capacity(gate: Gate, capacity: dict[str, int]) -> None:
     """Called once per gate with the `kvgate_capacity` probe's answer."""
-    # ISSUE-12: kvgate_config/gate call for the capacity (capacity["capacity_tokens"]) goes here.
-    _ = (gate, capacity)
+    gate.set_capacity(
+        capacity["capacity_tokens"], capacity["block_size"], float(capacity.get("prefill_tokens_per_sec", 0.0))
+    )
 
 
 def release(gate: Gate, lease: int, turn: Optional[TurnFigures]) -> bool:
     """Releases a turn's lease, with what the engine measured when it is known
     (None: the turn never reached the engine, e.g. cancelled before it ran)."""
-    # ISSUE-12: a release carrying `turn` (prompt, cached, output tokens) replaces this call.
-    return gate.release(lease)
+    if turn is None or not turn.finished_ok:
+        return gate.release(lease)
+    return gate.release_with_report(lease, turn.cached_tokens, turn.output_tokens)

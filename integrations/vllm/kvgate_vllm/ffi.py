@@ -53,6 +53,9 @@ class Reason(enum.IntEnum):
     RESERVED_SESSION = 1
     PREFIX_PROBE_UNAVAILABLE = 2
     RESIDENT_PREFIX = 3
+    FITS_WORKING_SET = 4
+    EMPTY_WORKING_SET = 5
+    WAIT_BOUND = 6
 
 
 def reason_name(value: int) -> str:
@@ -78,12 +81,9 @@ class Admission(Structure):
 
 USAGE_FN = CFUNCTYPE(c_bool, c_void_p, POINTER(c_uint8), c_size_t, POINTER(c_double))
 PREFIX_FN = CFUNCTYPE(c_bool, c_void_p, POINTER(c_uint8), c_size_t, POINTER(c_uint32), c_size_t, POINTER(c_double))
-
-
-class Probes(Structure):
-    """struct kvgate_probes."""
-
-    _fields_ = [("usage", USAGE_FN), ("prefix", PREFIX_FN), ("user_data", c_void_p)]
+CAPACITY_FN = CFUNCTYPE(
+    c_bool, c_void_p, POINTER(c_uint8), c_size_t, POINTER(c_uint64), POINTER(c_uint32), POINTER(c_double)
+)
 
 
 _status = c_uint32
@@ -98,11 +98,14 @@ SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "kvgate_last_error": (c_char_p, []),
     "kvgate_config_new": (c_void_p, []),
     "kvgate_config_free": (None, [c_void_p]),
-    "kvgate_new": (_status, [c_void_p, Probes, POINTER(c_void_p)]),
+    "kvgate_config_set_probes": (_status, [c_void_p, USAGE_FN, PREFIX_FN, c_void_p]),
+    "kvgate_config_set_capacity_probe": (_status, [c_void_p, CAPACITY_FN]),
+    "kvgate_new": (_status, [c_void_p, POINTER(c_void_p)]),
     "kvgate_free": (None, [c_void_p]),
     "kvgate_acquire": (_status, [c_void_p, _u8p, c_size_t, _u32p, c_size_t, c_int64, POINTER(Admission)]),
     "kvgate_release": (_status, [c_void_p, c_uint64]),
-    "kvgate_finish_session": (_status, [c_void_p, _u8p, c_size_t, c_void_p]),
+    "kvgate_release_with_report": (_status, [c_void_p, c_uint64, c_int64, c_int64]),
+    "kvgate_finish_session": (_status, [c_void_p, _u8p, c_size_t, c_void_p, c_size_t]),
     "kvgate_cancel_session": (_status, [c_void_p, _u8p, c_size_t]),
     "kvgate_metrics_text": (_status, [c_void_p, c_char_p, c_size_t, POINTER(c_size_t)]),
 }
@@ -233,19 +236,34 @@ class Gate:
     def __init__(self, knobs: dict[str, float | str], usage: Optional[UsageProbe], prefix: Optional[PrefixProbe]) -> None:
         self._lib = load()
         self._usage, self._prefix = usage, prefix
+        # What the engine said of its KV cache (`set_capacity`); the capacity
+        # probe answers it, and "unknown" until it is set.
+        self._capacity: Optional[tuple[int, int, float]] = None
         # The CFUNCTYPE objects must outlive the gate: kept on self.
-        self._probes = Probes(
-            USAGE_FN(self._usage_cb) if usage else USAGE_FN(),
-            PREFIX_FN(self._prefix_cb) if prefix else PREFIX_FN(),
-            None,
-        )
+        self._usage_fn = USAGE_FN(self._usage_cb) if usage else USAGE_FN()
+        self._prefix_fn = PREFIX_FN(self._prefix_cb) if prefix else PREFIX_FN()
+        self._capacity_fn = CAPACITY_FN(self._capacity_cb)
         config = make_config(knobs)
         try:
+            _check(self._lib.kvgate_config_set_probes(config, self._usage_fn, self._prefix_fn, None))
+            _check(self._lib.kvgate_config_set_capacity_probe(config, self._capacity_fn))
             raw = c_void_p()
-            _check(self._lib.kvgate_new(config, self._probes, ctypes.byref(raw)))
+            _check(self._lib.kvgate_new(config, ctypes.byref(raw)))
         finally:
             self._lib.kvgate_config_free(config)
         self._raw: Optional[c_void_p] = raw
+
+    def set_capacity(self, tokens: int, block_size: int, prefill_tokens_per_sec: float = 0.0) -> None:
+        """What the capacity probe answers from now on: the engine's KV
+        capacity in tokens, its block size and (0: unknown) its prefill rate."""
+        self._capacity = (int(tokens), int(block_size), float(prefill_tokens_per_sec))
+
+    def _capacity_cb(self, _ud: int, _sid: object, _sid_len: int, tokens: object, block: object, rate: object) -> bool:
+        known = self._capacity
+        if known is None:
+            return False
+        tokens[0], block[0], rate[0] = known  # type: ignore[index]
+        return True
 
     def _usage_cb(self, _ud: int, sid: object, sid_len: int, out: object) -> bool:
         try:
@@ -289,9 +307,19 @@ class Gate:
         _check(status)
         return True
 
+    def release_with_report(self, lease: int, cached_tokens: Optional[int], output_tokens: Optional[int]) -> bool:
+        """`release` with what the engine measured of the turn (None: unknown)."""
+        cached = -1 if cached_tokens is None else int(cached_tokens)
+        output = -1 if output_tokens is None else int(output_tokens)
+        status = self._lib.kvgate_release_with_report(self._raw, lease, cached, output)
+        if status == Status.UNKNOWN_LEASE:
+            return False
+        _check(status)
+        return True
+
     def finish_session(self, session: bytes) -> bool:
         sid, sid_len = _session_buf(session)
-        status = self._lib.kvgate_finish_session(self._raw, sid, sid_len, None)
+        status = self._lib.kvgate_finish_session(self._raw, sid, sid_len, None, 0)
         if status == Status.NOT_FOUND:
             return False
         _check(status)

@@ -38,7 +38,11 @@ C_TYPES: dict[str, object] = {
     "const struct kvgate_config *": ctypes.c_void_p,
     "struct kvgate_gate *": ctypes.c_void_p,
     "struct kvgate_gate **": ctypes.POINTER(ctypes.c_void_p),
-    "struct kvgate_probes": ffi.Probes,
+    "kvgate_usage_fn": ffi.USAGE_FN,
+    "kvgate_prefix_fn": ffi.PREFIX_FN,
+    "kvgate_capacity_fn": ffi.CAPACITY_FN,
+    "uint64_t *": ctypes.POINTER(ctypes.c_uint64),
+    "uint32_t *": ctypes.POINTER(ctypes.c_uint32),
     "struct kvgate_admission *": ctypes.POINTER(ffi.Admission),
     "struct kvgate_session_stats *": OPAQUE,  # always passed as NULL
 }
@@ -89,14 +93,20 @@ def test_function_signature(name: str) -> None:
         assert _same(c_type, ours), f"{name} arg {i}: header {c_type}, binding {ours}"
 
 
-def test_every_config_setter_takes_a_double() -> None:
-    """The policy spec passes knobs as kvgate_config_set_<knob>(config, double)."""
-    setters = {n: d for n, d in DECLS.items() if n.startswith("kvgate_config_set_")}
+#: Setters that are not knobs: the binding calls them itself.
+PROBE_SETTERS = {"kvgate_config_set_probes", "kvgate_config_set_capacity_probe"}
+
+
+def test_every_config_knob_takes_a_double_or_a_named_value() -> None:
+    """The policy spec passes knobs as kvgate_config_set_<knob>(config, double),
+    or a name as the header constant KVGATE_<KNOB>_<NAME> (uint32_t)."""
+    setters = {n: d for n, d in DECLS.items() if n.startswith("kvgate_config_set_") and n not in PROBE_SETTERS}
     assert setters, "no kvgate_config_set_* in the header"
     restype, argtypes = ffi.SETTER_SIGNATURE
     for name, (ret, params) in setters.items():
         assert _same(ret, restype) and len(params) == 2, f"{name}: {ret} {params}"
-        assert _same(params[0], argtypes[0]) and _same(params[1], argtypes[1]), f"{name}: {params} is not (config, double)"
+        assert _same(params[0], argtypes[0]), f"{name}: {params}"
+        assert params[1] in ("double", "uint32_t"), f"{name}: {params} is not (config, double | uint32_t)"
 
 
 def _struct_fields(c_name: str) -> list[tuple[str, str]]:
@@ -112,10 +122,12 @@ def test_admission_struct() -> None:
         assert _same(c_type, ours), f"kvgate_admission.{name}: {c_type} vs {ours}"
 
 
-def test_probes_struct_and_callbacks() -> None:
-    fields = _struct_fields("kvgate_probes")
-    assert fields == [("usage", "kvgate_usage_fn"), ("prefix", "kvgate_prefix_fn"), ("user_data", "void *")]
-    for typedef, ours in (("kvgate_usage_fn", ffi.USAGE_FN), ("kvgate_prefix_fn", ffi.PREFIX_FN)):
+def test_callbacks() -> None:
+    for typedef, ours in (
+        ("kvgate_usage_fn", ffi.USAGE_FN),
+        ("kvgate_prefix_fn", ffi.PREFIX_FN),
+        ("kvgate_capacity_fn", ffi.CAPACITY_FN),
+    ):
         m = re.search(rf"typedef (\w+) \(\*{typedef}\)\(([^)]*)\);", CODE, re.S)
         assert m, typedef
         params = [_norm(re.sub(r"\b\w+$", "", p.strip())) for p in m.group(2).split(",")]
@@ -134,13 +146,25 @@ def test_enum_values() -> None:
 
 def test_the_library_loads_and_answers() -> None:
     assert ffi.version().startswith("0.")
-    gate = ffi.Gate({"high_watermark": 0.5}, usage=lambda s: 0.1, prefix=None)
+    gate = ffi.Gate({"admission_mode": "reference", "high_watermark": 0.5}, usage=lambda s: 0.1, prefix=None)
     try:
         adm = gate.acquire(b"s", [1, 2, 3])
         assert adm.lease != 0 and ffi.Reason(adm.reason) == ffi.Reason.OPEN
         assert gate.release(adm.lease) and not gate.release(adm.lease)
         assert "kvgate_" in gate.metrics_text()
         assert gate.finish_session(b"s")
+    finally:
+        gate.free()
+    # The default, working-set admission, with the capacity the binding answers.
+    gate = ffi.Gate({}, usage=lambda s: 0.1, prefix=None)
+    try:
+        gate.set_capacity(4, 1)
+        first = gate.acquire(b"a", [1, 2, 3])
+        assert ffi.Reason(first.reason) == ffi.Reason.EMPTY_WORKING_SET
+        with pytest.raises(ffi.NotAdmitted, match="TIMED_OUT"):
+            gate.acquire(b"b", [1, 2, 3], timeout=0.0)  # 3 + 3 tokens do not fit in 4
+        assert gate.release_with_report(first.lease, 0, 1)
+        assert "kvgate_working_set_capacity_tokens 4" in gate.metrics_text()
     finally:
         gate.free()
     with pytest.raises(ffi.KvgateError, match="unknown kvgate knob"):
