@@ -310,6 +310,15 @@ impl GateDriver {
     }
 }
 
+/// The session index a lease's id bytes name (`session-{s}`).
+fn session_of(token: &LeaseToken) -> usize {
+    std::str::from_utf8(token.session_id())
+        .ok()
+        .and_then(|id| id.strip_prefix("session-"))
+        .and_then(|n| n.parse().ok())
+        .expect("the driver names sessions session-{s}")
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -397,13 +406,4 @@ mod tests {
         assert_eq!(g.stats(10 * MS).preempted, 1);
         assert_eq!(g.live_attempts(), 1);
     }
-}
-
-/// The session index a lease's id bytes name (`session-{s}`).
-fn session_of(token: &LeaseToken) -> usize {
-    std::str::from_utf8(token.session_id())
-        .ok()
-        .and_then(|id| id.strip_prefix("session-"))
-        .and_then(|n| n.parse().ok())
-        .expect("the driver names sessions session-{s}")
 }
