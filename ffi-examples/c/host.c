@@ -482,10 +482,13 @@ static void scenarios(void) {
                      KVGATE_INVALID_ARGUMENT);
         CHECK_STATUS(kvgate_new(NULL, &other), KVGATE_INVALID_ARGUMENT);
         CHECK_STATUS(kvgate_new(config, NULL), KVGATE_INVALID_ARGUMENT);
-        /* A gate with no probes (none set) admits everything open. */
+        CHECK_STATUS(kvgate_config_set_admission_mode(config, 7), KVGATE_INVALID_ARGUMENT);
+        CHECK_LAST_ERROR("invalid admission: 7");
+        /* A gate with no probes (none set), in the default working-set mode,
+           knows no capacity: the first session is admitted alone. */
         CHECK_STATUS(kvgate_new(config, &other), KVGATE_OK);
         CHECK_STATUS(acquire(other, "anyone", 0, -1, &a), KVGATE_OK);
-        CHECK(a.reason == KVGATE_REASON_OPEN && isnan(a.usage));
+        CHECK(a.reason == KVGATE_REASON_EMPTY_WORKING_SET && isnan(a.usage));
         kvgate_free(other); /* releases the outstanding lease */
         kvgate_config_free(config);
         kvgate_free(NULL);
