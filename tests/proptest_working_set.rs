@@ -230,6 +230,16 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 s
             );
         }
+        // Once what is due has fired, the next deadline is in the future:
+        // a driver that sleeps until it never spins at the same instant.
+        if let Some(deadline) = ws.next_deadline() {
+            prop_assert!(
+                deadline > now,
+                "deadline {} is not after now {}",
+                deadline,
+                now
+            );
+        }
         // A waiter always has a deadline to come back at, or a member whose release will wake it.
         if ws.stats().waiting > 0 {
             let in_flight = m

@@ -199,6 +199,10 @@ struct History {
     returning: bool,
     /// A grant made while its attempt slept, not yet collected.
     grant: Option<Verdict>,
+    /// It reached the wait bound at the head and could not be given room
+    /// (members in flight are never cut short): only a release can let it
+    /// in now, so the bound is no longer a deadline.
+    past_bound: bool,
     /// Tokens the turn in flight should hit (it stayed a member since its
     /// last turn); 0 when there is no such expectation.
     expect_hit: u64,
@@ -466,13 +470,17 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             if fits(self) || self.members.is_empty() {
                 return Verdict::WaitBound;
             }
+            self.sessions.get_mut(key).expect("queued").past_bound = true;
         }
         Verdict::Wait
     }
 
     fn dequeue(&mut self, key: &K) {
-        if let Some(pos) = self.sessions.get_mut(key).and_then(|h| h.queued.take()) {
-            self.queue.remove(&pos);
+        if let Some(h) = self.sessions.get_mut(key) {
+            h.past_bound = false;
+            if let Some(pos) = h.queued.take() {
+                self.queue.remove(&pos);
+            }
         }
     }
 
@@ -691,11 +699,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             .filter(|m| m.in_flight == 0)
             .map(|m| m.window_until)
             .min();
-        let bound = self.queue.values().next().map(|k| {
-            self.sessions[k]
-                .queued_at
-                .saturating_add(self.wait_bound_ns())
-        });
+        // A head already past its bound waits for a release, not a time.
+        let bound = self
+            .queue
+            .values()
+            .next()
+            .map(|k| &self.sessions[k])
+            .filter(|h| !h.past_bound)
+            .map(|h| h.queued_at.saturating_add(self.wait_bound_ns()));
         match (window, bound) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
