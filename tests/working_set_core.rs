@@ -269,8 +269,8 @@ fn a_window_that_becomes_the_earliest_deadline_nudges_a_sleeper() {
     };
     assert_eq!(until_ns, 100 * SEC, "its own poll");
     // The earliest deadline: c, at the head of the line, reaching the wait
-    // bound (4 refill windows of 1 s).
-    assert_eq!(core.next_deadline(), Some(4 * SEC));
+    // bound (16 refill windows of 1 s).
+    assert_eq!(core.next_deadline(), Some(16 * SEC));
     let before = c.wakes.load(Ordering::SeqCst);
     // a's turn ends: its window (1 s) is now the earliest deadline, and a
     // sleeper that folded in the later one is nudged to ask again.
