@@ -27,9 +27,10 @@ def wait_for(what: str, cond: Callable[[], bool]) -> None:
 
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory: Any) -> Iterator[Server]:
-    # A low watermark so a cold turn waits while another turn runs (for the abort check).
+    # The seed's table with a low watermark, so a cold turn waits while another
+    # turn runs (for the abort check): these tests are about the plumbing.
     log = tmp_path_factory.mktemp("serve") / "gated.log"
-    srv = Server(gate=True, config="high_watermark=0.05,wait_poll_sec=60", log_path=str(log))
+    srv = Server(gate=True, config="admission_mode=reference,high_watermark=0.05,wait_poll_sec=60", log_path=str(log))
     try:
         srv.wait_ready()
         yield srv
