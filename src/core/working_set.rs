@@ -348,11 +348,16 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         tokens.div_ceil(b) * b
     }
 
-    /// Tokens counted now.
+    /// Tokens counted now (nothing while the working set is empty).
     pub fn load(&self) -> u64 {
         if self.members.is_empty() {
             return 0;
         }
+        self.counted()
+    }
+
+    /// The shared prefix once, the members' own tokens, the ghosts'.
+    fn counted(&self) -> u64 {
         self.shared_prefix + self.own_sum + self.ghost_tokens()
     }
 
@@ -455,11 +460,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return Verdict::Empty;
         }
         let need = self.own(key, self.footprint(key, prompt_len));
-        // What would be counted with it in: the shared prefix once, the
-        // members', the ghosts', its own.
-        let fits = |ws: &Self| {
-            (ws.shared_prefix + ws.own_sum + ws.ghost_tokens() + need) as f64 <= ws.capacity()
-        };
+        // What would be counted with it in (the shared prefix included,
+        // even if the members are parked to make room), plus its own.
+        let fits = |ws: &Self| (ws.counted() + need) as f64 <= ws.capacity();
         if fits(self) {
             return Verdict::Fits;
         }
