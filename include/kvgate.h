@@ -125,6 +125,18 @@ enum kvgate_status
      * size to allocate and the buffer was not touched.
      */
     KVGATE_BUFFER_TOO_SMALL = 9,
+    /**
+     * An event-loop attempt was given a call it did not ask for: an answer
+     * to a probe it is not waiting for, a wake while it is probing, or any
+     * step after it ended (admitted, failed, cancelled). Nothing changed.
+     */
+    KVGATE_OUT_OF_ORDER = 10,
+    /**
+     * The operating system refused a resource kvgate needs (the wake
+     * descriptor of `kvgate_waker_new`: too many open files, say); the
+     * message carries its error.
+     */
+    KVGATE_OS_ERROR = 11,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -189,6 +201,50 @@ typedef uint32_t kvgate_reason;
 #endif // __cplusplus
 
 /**
+ * What an event-loop attempt asks its host to do next
+ * (`kvgate_step.kind`).
+ */
+enum kvgate_step_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+    /**
+     * Ask the engine for its KV-cache usage (and, for working-set
+     * admission, its capacity), then call `kvgate_attempt_answer_usage`.
+     */
+    KVGATE_STEP_PROBE_USAGE = 0,
+    /**
+     * Ask the engine which fraction of the prompt is resident in its prefix
+     * cache, then call `kvgate_attempt_answer_prefix` (reference mode only).
+     */
+    KVGATE_STEP_PROBE_PREFIX = 1,
+    /**
+     * Wait until the attempt's waker delivers its tag or `sleep_ns` pass,
+     * whichever comes first, then call `kvgate_attempt_wake`.
+     */
+    KVGATE_STEP_SLEEP = 2,
+    /**
+     * Admitted: `admission` holds the lease, to `kvgate_release` (or
+     * `kvgate_release_with_report`) once the engine is done with the turn.
+     * The attempt has ended.
+     */
+    KVGATE_STEP_ADMITTED = 3,
+    /**
+     * Ended without a lease: `status` says why (`KVGATE_PREEMPTED`,
+     * `KVGATE_TIMED_OUT`, `KVGATE_CANCELLED`, `KVGATE_CLOSED`).
+     */
+    KVGATE_STEP_FAILED = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvgate_step_kind kvgate_step_kind;
+#else
+typedef uint32_t kvgate_step_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * How the gate decides (`kvgate_config_set_admission_mode`). Values are stable.
  */
 enum kvgate_admission_mode
@@ -217,6 +273,16 @@ typedef uint32_t kvgate_admission_mode;
 #endif // __cplusplus
 
 /**
+ * An attempt to be admitted, driven step by step by an event loop
+ * (opaque; a `Box` of the core's attempt).
+ *
+ * Made by `kvgate_attempt_begin`, freed once by `kvgate_attempt_free`.
+ * Its steps may be called from any thread, one at a time (concurrent calls
+ * are serialised).
+ */
+typedef struct kvgate_attempt kvgate_attempt;
+
+/**
  * A configuration under construction (opaque; a `Box` of the Rust
  * `Config` and the host's probes).
  *
@@ -235,6 +301,15 @@ typedef struct kvgate_config kvgate_config;
  * of threads at once.
  */
 typedef struct kvgate_gate kvgate_gate;
+
+/**
+ * A wake channel for event-loop attempts (opaque; an `Arc` of its
+ * descriptor and tag queue, or of the host's callback).
+ *
+ * Made by `kvgate_waker_new` or `kvgate_waker_new_callback`, freed once by
+ * `kvgate_waker_free`; attempts begun with it keep it alive. Thread-safe.
+ */
+typedef struct kvgate_waker kvgate_waker;
 
 /**
  * The usage probe (NULL: always unavailable). Asks the engine for its
@@ -578,6 +653,51 @@ typedef struct kvgate_stats {
      */
     uint64_t working_set_parked;
 } kvgate_stats;
+
+/**
+ * The wake callback (`kvgate_waker_new_callback`): the attempt begun with
+ * `tag` has something to look at; call `kvgate_attempt_wake` on it soon
+ * (from the host's loop, not from here).
+ *
+ * Runs on whichever thread caused the wake-up (a `kvgate_release`, a
+ * newer attempt of the session, `kvgate_close`...), **while that thread
+ * holds gate locks**: it must only enqueue or signal and return, never call
+ * a kvgate function, never block, never unwind. It may be called more than
+ * once for one wake-up, and after the attempt moved on (a spurious wake is
+ * harmless: the attempt simply sleeps again).
+ */
+typedef void (*kvgate_wake_fn)(void *user_data, uint64_t tag);
+
+/**
+ * The next step of an event-loop attempt.
+ *
+ * This struct never changes layout: new figures come with new functions.
+ */
+typedef struct kvgate_step {
+    /**
+     * What to do next.
+     */
+    kvgate_step_kind kind;
+    /**
+     * `KVGATE_STEP_FAILED`: why the attempt ended. `KVGATE_OK` otherwise.
+     */
+    kvgate_status status;
+    /**
+     * `KVGATE_STEP_SLEEP`: the latest time to call `kvgate_attempt_wake`,
+     * on the gate's clock (`kvgate_now_ns`). 0 otherwise.
+     */
+    uint64_t until_ns;
+    /**
+     * `KVGATE_STEP_SLEEP`: `until_ns` minus the time the step was made
+     * (what a relative timer wants). 0 otherwise.
+     */
+    uint64_t sleep_ns;
+    /**
+     * `KVGATE_STEP_ADMITTED`: the admission and its lease. Otherwise all
+     * zero (`lease` is `KVGATE_NO_LEASE`).
+     */
+    struct kvgate_admission admission;
+} kvgate_step;
 
 
 
@@ -985,6 +1105,222 @@ kvgate_status kvgate_get_session_stats(struct kvgate_gate *gate,
  * `cap` writable bytes; `needed` is NULL or writable.
  */
 kvgate_status kvgate_metrics_text(struct kvgate_gate *gate, char *buf, size_t cap, size_t *needed);
+
+/**
+ * Makes a waker whose tags arrive through a descriptor the host polls
+ * (`kvgate_waker_fd`, then `kvgate_waker_drain` when it is readable). On
+ * Linux an eventfd, elsewhere a pipe; non-blocking and close-on-exec.
+ *
+ * One waker serves any number of attempts, on any number of gates: one per
+ * event loop is the intended use. On `KVGATE_OK`, `*out` is the caller's
+ * to free once with `kvgate_waker_free`.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` for a NULL `out`, `KVGATE_OS_ERROR`
+ * when the descriptor cannot be made (the message has the OS's reason).
+ *
+ * # Safety
+ * `out` is NULL or writable.
+ */
+kvgate_status kvgate_waker_new(struct kvgate_waker **out);
+
+/**
+ * Makes a waker that calls `wake(user_data, tag)` instead of keeping a
+ * descriptor: see `kvgate_wake_fn` for what it may do (only enqueue: it
+ * runs under gate locks, on the thread that caused the wake-up).
+ * `user_data` must stay valid, and `wake` callable with it from any
+ * thread, until every attempt begun with this waker is freed.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` for a NULL `wake` or `out`.
+ *
+ * # Safety
+ * `out` is NULL or writable; `wake` honours `kvgate_wake_fn`'s contract.
+ */
+kvgate_status kvgate_waker_new_callback(kvgate_wake_fn wake,
+                                        void *user_data,
+                                        struct kvgate_waker **out);
+
+/**
+ * Writes the waker's descriptor to `*out_fd`: poll it for readability and
+ * call `kvgate_waker_drain` when it is readable. The descriptor belongs to
+ * the waker: do not read, write or close it.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` for a NULL argument or a callback
+ * waker (which has no descriptor).
+ *
+ * # Safety
+ * `waker` is NULL or a live waker; `out_fd` is NULL or writable.
+ */
+kvgate_status kvgate_waker_fd(const struct kvgate_waker *waker, int32_t *out_fd);
+
+/**
+ * Moves up to `capacity` tags of attempts that have something to look at
+ * into `tags`, oldest first, writes how many to `*out_count`, and makes
+ * the descriptor unreadable unless tags are left over (then it stays
+ * readable: drain again). Call `kvgate_attempt_wake` on each tag's attempt
+ * whose last step was `KVGATE_STEP_SLEEP`; a tag may come more than once,
+ * or for an attempt that has moved on or ended: ignore those.
+ *
+ * `tags` may be NULL when `capacity` is 0. Thread-safe.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` for a NULL `waker` or `out_count`, a
+ * NULL `tags` with a non-zero `capacity`, or a callback waker.
+ *
+ * # Safety
+ * `waker` is NULL or a live waker; `tags` is NULL or has `capacity`
+ * writable elements; `out_count` is NULL or writable.
+ */
+kvgate_status kvgate_waker_drain(const struct kvgate_waker *waker,
+                                 uint64_t *tags,
+                                 size_t capacity,
+                                 size_t *out_count);
+
+/**
+ * Frees the host's reference to a waker. NULL is a no-op. Attempts begun
+ * with it keep it alive (and its descriptor open) until they are freed:
+ * free the waker after its attempts, and stop polling its descriptor first.
+ *
+ * # Safety
+ * `waker` is NULL or a live waker, freed only once.
+ */
+void kvgate_waker_free(struct kvgate_waker *waker);
+
+/**
+ * Begins an attempt to admit a turn of session `session_id` whose prompt
+ * has `prompt_len` tokens, driven by the host step by step (an event loop:
+ * nothing blocks, no thread waits), and writes the attempt to
+ * `*out_attempt` and its first step to `*out_step`.
+ *
+ * The same decision as `kvgate_acquire`, with the same `timeout_ms`
+ * (`< 0` no limit, `0` one pass then `KVGATE_TIMED_OUT` instead of a sleep,
+ * `> 0` milliseconds on the gate's clock), preemption by a newer attempt of
+ * the session, `kvgate_cancel_session`, and stats. The difference: the
+ * gate's probe callbacks are not called; the host answers each probe step
+ * itself, whenever the answer arrives, from any thread. While the attempt
+ * sleeps, `waker` delivers `tag` when it has something to look at.
+ *
+ * On `KVGATE_OK`, the caller owns `*out_attempt` and frees it once with
+ * `kvgate_attempt_free` (after its end, or to abandon it). Any step may
+ * come first, `KVGATE_STEP_ADMITTED` and `KVGATE_STEP_FAILED` included.
+ *
+ * Returns `KVGATE_CLOSED` (nothing written) if the gate is closed, and
+ * `KVGATE_INVALID_ARGUMENT` for a NULL `gate`, `waker`, `out_attempt` or
+ * `out_step`, or a NULL `session_id` with a non-zero length.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
+ * `session_id_len` bytes if not NULL; `waker` is NULL or a live waker;
+ * the out-pointers are NULL or writable.
+ */
+kvgate_status kvgate_attempt_begin(struct kvgate_gate *gate,
+                                   const uint8_t *session_id,
+                                   size_t session_id_len,
+                                   size_t prompt_len,
+                                   int64_t timeout_ms,
+                                   const struct kvgate_waker *waker,
+                                   uint64_t tag,
+                                   struct kvgate_attempt **out_attempt,
+                                   struct kvgate_step *out_step);
+
+/**
+ * Answers a `KVGATE_STEP_PROBE_USAGE` step: the engine's KV-cache usage in
+ * [0, 1] (NaN when unavailable; out of range counts as unavailable), and
+ * for working-set admission its capacity as `kvgate_capacity_fn` answers
+ * it (tokens, tokens per block, best prefill tokens per second; 0 for any
+ * figure unknown, all three 0 when the engine cannot say). Writes the next
+ * step to `*out_step`.
+ *
+ * Returns `KVGATE_OUT_OF_ORDER` if the attempt's step is not
+ * `KVGATE_STEP_PROBE_USAGE` (nothing changes), `KVGATE_INVALID_ARGUMENT`
+ * for a NULL pointer. Thread-safe (steps of one attempt are serialised).
+ *
+ * # Safety
+ * `attempt` is NULL or a live attempt; `out_step` is NULL or writable.
+ */
+kvgate_status kvgate_attempt_answer_usage(struct kvgate_attempt *attempt,
+                                          double usage,
+                                          uint64_t capacity_tokens,
+                                          uint32_t block_tokens,
+                                          double prefill_tokens_per_sec,
+                                          struct kvgate_step *out_step);
+
+/**
+ * Answers a `KVGATE_STEP_PROBE_PREFIX` step: the fraction of the prompt
+ * resident in the engine's prefix cache (NaN when unavailable). Writes the
+ * next step to `*out_step`. Statuses as `kvgate_attempt_answer_usage`.
+ *
+ * # Safety
+ * `attempt` is NULL or a live attempt; `out_step` is NULL or writable.
+ */
+kvgate_status kvgate_attempt_answer_prefix(struct kvgate_attempt *attempt,
+                                           double hit_ratio,
+                                           struct kvgate_step *out_step);
+
+/**
+ * After a `KVGATE_STEP_SLEEP` step: the waker delivered the attempt's tag,
+ * or `until_ns` passed (calling it earlier, spuriously, is harmless: the
+ * attempt sleeps again). Writes the next step to `*out_step`. Statuses as
+ * `kvgate_attempt_answer_usage`.
+ *
+ * # Safety
+ * `attempt` is NULL or a live attempt; `out_step` is NULL or writable.
+ */
+kvgate_status kvgate_attempt_wake(struct kvgate_attempt *attempt, struct kvgate_step *out_step);
+
+/**
+ * Cancels the attempt if it has not ended (counted as cancelled, like
+ * `kvgate_cancel_session`): it leaves the queue, gives on any capacity it
+ * was handed, and takes no more steps (`KVGATE_OUT_OF_ORDER`). A no-op on
+ * an ended attempt. Use it when the host gives up on the turn (a client
+ * disconnected, an asyncio task was cancelled). Thread-safe.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` for a NULL `attempt`.
+ *
+ * # Safety
+ * `attempt` is NULL or a live attempt.
+ */
+kvgate_status kvgate_attempt_cancel(struct kvgate_attempt *attempt);
+
+/**
+ * Frees an attempt, cancelling it first if it has not ended. NULL is a
+ * no-op. A lease it was admitted with stays valid (release it as usual).
+ *
+ * # Safety
+ * `attempt` is NULL or a live attempt, freed once, with no other call on
+ * it in progress.
+ */
+void kvgate_attempt_free(struct kvgate_attempt *attempt);
+
+/**
+ * The gate's clock, in nanoseconds: the time base of `kvgate_step.until_ns`
+ * and `kvgate_tick`. Monotonic; its origin is unspecified.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` for a NULL argument.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate (see `kvgate_free`); `out_now_ns` is NULL
+ * or writable.
+ */
+kvgate_status kvgate_now_ns(struct kvgate_gate *gate, uint64_t *out_now_ns);
+
+/**
+ * The gate's timer, for an event loop: fires what is due now (a window
+ * that ended wakes a waiting attempt through its waker) and writes when to
+ * call it next: `*out_until_ns` on the gate's clock and `*out_sleep_ns`
+ * from now, both `UINT64_MAX` when nothing is pending.
+ *
+ * A loop keeps one timer per gate at that time, and looks again after
+ * each `kvgate_waker_drain` and each `kvgate_release` it makes (either may
+ * move the deadline earlier). Sleeping attempts have their own
+ * `until_ns`. Hosts whose only attempts are blocking `kvgate_acquire`
+ * calls never need it. Thread-safe.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` for a NULL argument.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate (see `kvgate_free`); the out-pointers are
+ * NULL or writable.
+ */
+kvgate_status kvgate_tick(struct kvgate_gate *gate, uint64_t *out_until_ns, uint64_t *out_sleep_ns);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -3,11 +3,12 @@
 
 use std::cell::Cell;
 use std::fmt;
+use std::ops::Deref;
 use std::time::Duration;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{duration_ns, Config, ConfigError};
-use crate::core::{Attempt, Core, GateStats, LeaseToken, SessionStats, Slot, Step};
+use crate::core::{Attempt, Core, GateStats, LeaseToken, Notify, SessionStats, Slot, Step};
 use crate::error::AcquireError;
 use crate::lease::Lease;
 use crate::parker::{Parker, ParkerHandle};
@@ -26,6 +27,25 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn release(&self, token: LeaseToken, report: TurnReport) {
         self.core.release_with(token, report, self.clock.now_ns());
+    }
+}
+
+/// A gate's core as an attempt that outlives one call holds it (the C
+/// ABI's event-loop attempts): the attempt keeps the gate's memory alive.
+#[derive(Clone)]
+pub(crate) struct GateCore(Arc<Shared>);
+
+impl Deref for GateCore {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.0.core
+    }
+}
+
+impl fmt::Debug for GateCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("GateCore(..)")
     }
 }
 
@@ -205,6 +225,36 @@ impl Gate {
         };
         ThreadWaker::give_back(parker, attempt);
         outcome
+    }
+
+    /// Begins an attempt that the caller drives step by step (an event
+    /// loop: it answers the probes itself and sleeps by `notifier`), on
+    /// this gate's clock; see [`Attempt`]. The gate's probes are not asked.
+    pub(crate) fn begin_attempt(
+        &self,
+        session: &[u8],
+        prompt_len: usize,
+        timeout: Option<Duration>,
+        notifier: Box<dyn Notify>,
+    ) -> Result<(Attempt<GateCore>, u64), AcquireError> {
+        let now = self.now_ns();
+        let deadline = timeout.map(|t| now.saturating_add(duration_ns(t)));
+        let core = GateCore(self.shared.clone());
+        Attempt::begin(core, session, prompt_len, now, deadline, notifier).map(|a| (a, now))
+    }
+
+    /// The gate's clock, in nanoseconds: the time base of every step's
+    /// deadline.
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.shared.clock.now_ns()
+    }
+
+    /// Fires what is due now and answers the core's next deadline: what an
+    /// event loop's timer calls.
+    pub(crate) fn tick(&self) -> Option<u64> {
+        let core = &self.shared.core;
+        core.purge(self.now_ns());
+        core.next_deadline()
     }
 
     /// Ends `session`'s ownership window and forgets the session once it

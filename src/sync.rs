@@ -117,6 +117,43 @@ mod imp {
 
 pub(crate) use imp::*;
 
+/// The event-loop waker's descriptor (`src/ffi/doorbell.rs`); under loom a
+/// flag, since a model cannot poll a file descriptor: what the models check
+/// is whether the bell is rung when a tag waits to be drained.
+#[cfg(not(loom))]
+pub(crate) use crate::ffi::doorbell::Doorbell;
+
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct Doorbell {
+    rung: AtomicBool,
+}
+
+#[cfg(loom)]
+impl Doorbell {
+    pub(crate) fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            rung: AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn fd(&self) -> i32 {
+        -1
+    }
+
+    pub(crate) fn ring(&self) {
+        self.rung.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.rung.store(false, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_rung(&self) -> bool {
+        self.rung.load(Ordering::SeqCst)
+    }
+}
+
 /// Declares a thread-local: std's normally, loom's under loom (loom runs its
 /// model threads as coroutines on one OS thread, so a std thread-local would
 /// be shared by every model thread). loom's macro takes no `const` block.

@@ -11,7 +11,7 @@ use super::handles::{self, kvgate_config, kvgate_gate};
 use super::panic::{ffi_boundary, ffi_status};
 use super::stats::kvgate_session_stats;
 use super::status::{kvgate_reason, kvgate_status};
-use crate::core::Admission;
+use crate::core::{Admission, LeaseToken};
 use crate::sync::Arc;
 use crate::{AcquireError, Gate, TurnReport};
 
@@ -222,13 +222,25 @@ fn acquire(
         .gate
         .acquire_token(session, prompt, timeout)
         .map_err(|err| acquire_failure(err, session, timeout_ms))?;
+    register_lease(handle, session, token)
+}
+
+/// Files an admitted token in the lease registry under its handle, so the
+/// host can release it by `kvgate_release`; if the gate was freed
+/// meanwhile, releases it (nobody could ever release it again) and fails
+/// with `KVGATE_CLOSED`.
+pub(crate) fn register_lease(
+    handle: &GateHandle,
+    session: &[u8],
+    token: LeaseToken,
+) -> Result<kvgate_admission, Failure> {
     let admission = kvgate_admission::from(token.admission());
     debug_assert_ne!(admission.lease, KVGATE_NO_LEASE);
     handle
         .leases
         .insert(admission.lease, token)
         .map_err(|token| {
-            handle.gate.release_token(token, TurnReport::default()); // nobody could ever release it again
+            handle.gate.release_token(token, TurnReport::default());
             Failure::new(
                 kvgate_status::KVGATE_CLOSED,
                 format!(
@@ -240,7 +252,7 @@ fn acquire(
     Ok(admission)
 }
 
-fn acquire_failure(err: AcquireError, session: &[u8], timeout_ms: i64) -> Failure {
+pub(crate) fn acquire_failure(err: AcquireError, session: &[u8], timeout_ms: i64) -> Failure {
     let session = SessionName(session);
     let message = match err {
         AcquireError::Preempted => {

@@ -8,7 +8,9 @@ use std::mem::{align_of, size_of, MaybeUninit};
 
 use super::config::Builder;
 use super::error::Failure;
+use super::event_loop::AttemptHandle;
 use super::gate_handle::GateHandle;
+use super::waker::Waker;
 use crate::sync::Arc;
 
 /// A configuration under construction (opaque; a `Box` of the Rust
@@ -30,6 +32,27 @@ pub struct kvgate_config {
 /// of threads at once.
 #[derive(Debug)]
 pub struct kvgate_gate {
+    _private: [u8; 0],
+}
+
+/// A wake channel for event-loop attempts (opaque; an `Arc` of its
+/// descriptor and tag queue, or of the host's callback).
+///
+/// Made by `kvgate_waker_new` or `kvgate_waker_new_callback`, freed once by
+/// `kvgate_waker_free`; attempts begun with it keep it alive. Thread-safe.
+#[derive(Debug)]
+pub struct kvgate_waker {
+    _private: [u8; 0],
+}
+
+/// An attempt to be admitted, driven step by step by an event loop
+/// (opaque; a `Box` of the core's attempt).
+///
+/// Made by `kvgate_attempt_begin`, freed once by `kvgate_attempt_free`.
+/// Its steps may be called from any thread, one at a time (concurrent calls
+/// are serialised).
+#[derive(Debug)]
+pub struct kvgate_attempt {
     _private: [u8; 0],
 }
 
@@ -274,6 +297,114 @@ pub(crate) unsafe fn buffer_arg<'a>(
 
 fn null(arg: Arg) -> Failure {
     Failure::invalid(format!("{arg} is NULL"))
+}
+
+pub(crate) fn waker_into_raw(waker: Arc<Waker>) -> *mut kvgate_waker {
+    Arc::into_raw(waker).cast_mut().cast()
+}
+
+/// Borrows a waker for the duration of a call.
+///
+/// # Safety
+/// `ptr` is NULL or came from [`waker_into_raw`] and is not freed during `'a`.
+pub(crate) unsafe fn waker_ref<'a>(ptr: *const kvgate_waker) -> Result<&'a Waker, Failure> {
+    // SAFETY: non-NULL pointers are live `Arc<Waker>` payloads (caller).
+    unsafe { ptr.cast::<Waker>().as_ref() }.ok_or_else(|| null("waker"))
+}
+
+/// A counted reference to a waker, for an attempt that keeps it.
+///
+/// # Safety
+/// As [`waker_ref`], at the moment of the call.
+pub(crate) unsafe fn waker_clone(ptr: *const kvgate_waker) -> Result<Arc<Waker>, Failure> {
+    if ptr.is_null() {
+        return Err(null("waker"));
+    }
+    let ptr = ptr.cast::<Waker>();
+    // SAFETY: `ptr` came from `Arc::into_raw` and the host still holds that
+    // reference (caller), so the count is at least one while we add ours.
+    unsafe {
+        Arc::increment_strong_count(ptr);
+        Ok(Arc::from_raw(ptr))
+    }
+}
+
+/// Takes back the host's reference to a waker; NULL gives `None`.
+///
+/// # Safety
+/// `ptr` is NULL or came from [`waker_into_raw`] and is taken back exactly once.
+pub(crate) unsafe fn waker_take(ptr: *mut kvgate_waker) -> Option<Arc<Waker>> {
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: the host's reference from `Arc::into_raw`, handed back once (caller).
+    Some(unsafe { Arc::from_raw(ptr.cast_const().cast::<Waker>()) })
+}
+
+pub(crate) fn attempt_into_raw(attempt: Box<AttemptHandle>) -> *mut kvgate_attempt {
+    Box::into_raw(attempt).cast()
+}
+
+/// Borrows an attempt for the duration of a call (its steps lock it).
+///
+/// # Safety
+/// `ptr` is NULL or came from [`attempt_into_raw`] and is not freed during `'a`.
+pub(crate) unsafe fn attempt_ref<'a>(
+    ptr: *mut kvgate_attempt,
+) -> Result<&'a AttemptHandle, Failure> {
+    // SAFETY: non-NULL pointers are live `Box<AttemptHandle>`s (caller);
+    // shared access only, the handle serialises its steps itself.
+    unsafe { ptr.cast_const().cast::<AttemptHandle>().as_ref() }.ok_or_else(|| null("attempt"))
+}
+
+/// Takes back an attempt; NULL gives `None`.
+///
+/// # Safety
+/// `ptr` is NULL or came from [`attempt_into_raw`], is taken back exactly
+/// once, and no other call uses it meanwhile.
+pub(crate) unsafe fn attempt_take(ptr: *mut kvgate_attempt) -> Option<Box<AttemptHandle>> {
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: a live `Box<AttemptHandle>` handed back exactly once (caller).
+    Some(unsafe { Box::from_raw(ptr.cast::<AttemptHandle>()) })
+}
+
+/// A `(pointer, capacity)` output array. A capacity of 0 gives the empty
+/// slice whatever the pointer (NULL included).
+///
+/// # Safety
+/// A non-NULL `ptr` points to `len` writable `T`s used by nobody else for `'a`.
+pub(crate) unsafe fn slice_out_arg<'a, T: Copy>(
+    ptr: *mut T,
+    len: usize,
+    arg: Arg,
+    len_arg: Arg,
+) -> Result<&'a mut [T], Failure> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if ptr.is_null() {
+        return Err(Failure::invalid(format!(
+            "{arg} is NULL but {len_arg} is {len}"
+        )));
+    }
+    if !ptr.is_aligned() {
+        return Err(Failure::invalid(format!(
+            "{arg} ({ptr:p}) is not aligned to {} bytes",
+            align_of::<T>()
+        )));
+    }
+    if len > isize::MAX as usize / size_of::<T>().max(1) {
+        return Err(Failure::invalid(format!(
+            "{len_arg} ({len}) is larger than any array can be"
+        )));
+    }
+    // SAFETY: non-NULL, aligned, size within isize::MAX (checked); `len`
+    // writable elements, exclusive for 'a (caller). The elements are plain
+    // integers (`Copy`), so uninitialised memory is only written, never read
+    // by the caller of this function before it writes.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
 }
 
 #[cfg(test)]

@@ -23,7 +23,9 @@
 //! in), `handles` (every raw-pointer conversion), `gate_handle` (what a
 //! `kvgate_gate *` owns and how `kvgate_free` waits), `callbacks` (C probes
 //! as a [`Probe`](crate::Probe)), `leases` (the lease registry). Exports by
-//! C "class": `version`, `config`, `gate`, `stats`.
+//! C "class": `version`, `config`, `gate`, `stats`, `event_loop` (attempts
+//! driven step by step, their wakers, the gate's timer; plumbing in `waker`
+//! and `doorbell`).
 
 // The C names are the contract (`kvgate_status`, `KVGATE_OK`, ...): spelling
 // them verbatim in Rust keeps cbindgen's output free of renaming rules.
@@ -45,11 +47,16 @@ mod gate;
 
 mod stats;
 
+mod event_loop;
+
 // Plumbing.
+#[cfg(not(loom))]
+pub(crate) mod doorbell;
 mod gate_handle;
 mod handles;
 mod leases;
 mod panic;
+mod waker;
 
 pub use callbacks::{kvgate_capacity_fn, kvgate_prefix_fn, kvgate_usage_fn};
 pub use config::{
@@ -59,11 +66,17 @@ pub use config::{
     kvgate_config_set_session_retention_sec, kvgate_config_set_wait_poll_sec,
 };
 pub use error::kvgate_last_error;
+pub use event_loop::{
+    kvgate_attempt_answer_prefix, kvgate_attempt_answer_usage, kvgate_attempt_begin,
+    kvgate_attempt_cancel, kvgate_attempt_free, kvgate_attempt_wake, kvgate_now_ns, kvgate_step,
+    kvgate_step_kind, kvgate_tick, kvgate_waker_drain, kvgate_waker_fd, kvgate_waker_free,
+    kvgate_waker_new, kvgate_waker_new_callback,
+};
 pub use gate::{
     kvgate_acquire, kvgate_admission, kvgate_cancel_session, kvgate_close, kvgate_finish_session,
     kvgate_free, kvgate_new, kvgate_release, kvgate_release_with_report, KVGATE_NO_LEASE,
 };
-pub use handles::{kvgate_config, kvgate_gate};
+pub use handles::{kvgate_attempt, kvgate_config, kvgate_gate, kvgate_waker};
 pub use stats::{
     kvgate_get_session_stats, kvgate_get_stats, kvgate_metrics_text, kvgate_session_stats,
     kvgate_stats,
@@ -72,3 +85,4 @@ pub use status::{kvgate_reason, kvgate_reason_str, kvgate_status, kvgate_status_
 pub use version::{
     kvgate_version, KVGATE_VERSION_MAJOR, KVGATE_VERSION_MINOR, KVGATE_VERSION_PATCH,
 };
+pub use waker::kvgate_wake_fn;

@@ -49,11 +49,19 @@ pub enum kvgate_status {
     /// `kvgate_metrics_text`: the buffer is too small; `*needed` holds the
     /// size to allocate and the buffer was not touched.
     KVGATE_BUFFER_TOO_SMALL = 9,
+    /// An event-loop attempt was given a call it did not ask for: an answer
+    /// to a probe it is not waiting for, a wake while it is probing, or any
+    /// step after it ended (admitted, failed, cancelled). Nothing changed.
+    KVGATE_OUT_OF_ORDER = 10,
+    /// The operating system refused a resource kvgate needs (the wake
+    /// descriptor of `kvgate_waker_new`: too many open files, say); the
+    /// message carries its error.
+    KVGATE_OS_ERROR = 11,
 }
 
 impl kvgate_status {
     /// Every status, in value order.
-    pub(crate) const ALL: [kvgate_status; 10] = [
+    pub(crate) const ALL: [kvgate_status; 12] = [
         Self::KVGATE_OK,
         Self::KVGATE_PREEMPTED,
         Self::KVGATE_TIMED_OUT,
@@ -64,6 +72,8 @@ impl kvgate_status {
         Self::KVGATE_NOT_FOUND,
         Self::KVGATE_PANIC,
         Self::KVGATE_BUFFER_TOO_SMALL,
+        Self::KVGATE_OUT_OF_ORDER,
+        Self::KVGATE_OS_ERROR,
     ];
 
     /// The stable lower-case name (`"ok"`, `"preempted"`, ...), NUL-terminated.
@@ -79,6 +89,8 @@ impl kvgate_status {
             Self::KVGATE_NOT_FOUND => b"not_found\0",
             Self::KVGATE_PANIC => b"panic\0",
             Self::KVGATE_BUFFER_TOO_SMALL => b"buffer_too_small\0",
+            Self::KVGATE_OUT_OF_ORDER => b"out_of_order\0",
+            Self::KVGATE_OS_ERROR => b"os_error\0",
         }
     }
 }

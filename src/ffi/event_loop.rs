@@ -1,0 +1,605 @@
+//! Event-loop hosts: attempts driven step by step (`kvgate_attempt_*`), the
+//! wake descriptor or callback that reaches a sleeping one
+//! (`kvgate_waker_*`), and the gate's timer (`kvgate_tick`).
+//!
+//! The protocol, which is the Rust core's `Attempt` seen through handles:
+//!
+//! ```text
+//! kvgate_attempt_begin ─▶ step
+//!   PROBE_USAGE  ─ ask the engine (await it, any thread) ─▶ kvgate_attempt_answer_usage  ─▶ step
+//!   PROBE_PREFIX ─ ask the engine                        ─▶ kvgate_attempt_answer_prefix ─▶ step
+//!   SLEEP        ─ until the waker delivers the tag or sleep_ns pass ─▶ kvgate_attempt_wake ─▶ step
+//!   ADMITTED     ─ step.admission.lease: kvgate_release it when the turn is done
+//!   FAILED       ─ step.status: PREEMPTED, TIMED_OUT, CANCELLED or CLOSED
+//! kvgate_attempt_free at any point (an attempt not ended is cancelled)
+//! ```
+//!
+//! Time is the gate's own monotonic clock (`kvgate_now_ns`): timeouts, grace
+//! windows and retention run exactly as for `kvgate_acquire`, which drives
+//! the same machine. The gate's own deadlines (a window ending) are asked by
+//! `kvgate_tick`, which the host's one timer calls.
+
+use std::ffi::c_void;
+use std::time::Duration;
+
+use super::error::{Failure, SessionName};
+use super::gate::{acquire_failure, kvgate_admission, register_lease};
+use super::gate_handle::GateHandle;
+use super::handles::{self, kvgate_attempt, kvgate_gate, kvgate_waker};
+use super::panic::{ffi_boundary, ffi_status};
+use super::status::{kvgate_reason, kvgate_status};
+use super::waker::{kvgate_wake_fn, TagNotifier, Waker};
+use crate::core::{Attempt, Step, StepError};
+use crate::gate::GateCore;
+use crate::sync::{Arc, Mutex};
+use crate::EngineCapacity;
+
+/// What an event-loop attempt asks its host to do next
+/// (`kvgate_step.kind`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum kvgate_step_kind {
+    /// Ask the engine for its KV-cache usage (and, for working-set
+    /// admission, its capacity), then call `kvgate_attempt_answer_usage`.
+    KVGATE_STEP_PROBE_USAGE = 0,
+    /// Ask the engine which fraction of the prompt is resident in its prefix
+    /// cache, then call `kvgate_attempt_answer_prefix` (reference mode only).
+    KVGATE_STEP_PROBE_PREFIX = 1,
+    /// Wait until the attempt's waker delivers its tag or `sleep_ns` pass,
+    /// whichever comes first, then call `kvgate_attempt_wake`.
+    KVGATE_STEP_SLEEP = 2,
+    /// Admitted: `admission` holds the lease, to `kvgate_release` (or
+    /// `kvgate_release_with_report`) once the engine is done with the turn.
+    /// The attempt has ended.
+    KVGATE_STEP_ADMITTED = 3,
+    /// Ended without a lease: `status` says why (`KVGATE_PREEMPTED`,
+    /// `KVGATE_TIMED_OUT`, `KVGATE_CANCELLED`, `KVGATE_CLOSED`).
+    KVGATE_STEP_FAILED = 4,
+}
+
+/// The next step of an event-loop attempt.
+///
+/// This struct never changes layout: new figures come with new functions.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct kvgate_step {
+    /// What to do next.
+    pub kind: kvgate_step_kind,
+    /// `KVGATE_STEP_FAILED`: why the attempt ended. `KVGATE_OK` otherwise.
+    pub status: kvgate_status,
+    /// `KVGATE_STEP_SLEEP`: the latest time to call `kvgate_attempt_wake`,
+    /// on the gate's clock (`kvgate_now_ns`). 0 otherwise.
+    pub until_ns: u64,
+    /// `KVGATE_STEP_SLEEP`: `until_ns` minus the time the step was made
+    /// (what a relative timer wants). 0 otherwise.
+    pub sleep_ns: u64,
+    /// `KVGATE_STEP_ADMITTED`: the admission and its lease. Otherwise all
+    /// zero (`lease` is `KVGATE_NO_LEASE`).
+    pub admission: kvgate_admission,
+}
+
+const NO_ADMISSION: kvgate_admission = kvgate_admission {
+    lease: super::gate::KVGATE_NO_LEASE,
+    reason: kvgate_reason::KVGATE_REASON_OPEN,
+    wait_sec: 0.0,
+    usage: 0.0,
+    hit_ratio: 0.0,
+    retain_session: false,
+    waited: false,
+};
+
+impl kvgate_step {
+    fn of(kind: kvgate_step_kind) -> Self {
+        Self {
+            kind,
+            status: kvgate_status::KVGATE_OK,
+            until_ns: 0,
+            sleep_ns: 0,
+            admission: NO_ADMISSION,
+        }
+    }
+
+    fn failed(status: kvgate_status) -> Self {
+        Self {
+            status,
+            ..Self::of(kvgate_step_kind::KVGATE_STEP_FAILED)
+        }
+    }
+}
+
+/// The payload of a `kvgate_attempt *`.
+#[derive(Debug)]
+pub(crate) struct AttemptHandle {
+    /// Keeps the gate's memory and its lease registry alive while the
+    /// attempt lives (even past `kvgate_free`: the attempt then fails with
+    /// `KVGATE_CLOSED`).
+    gate: Arc<GateHandle>,
+    /// One step at a time: a probe answer may come from any thread.
+    attempt: Mutex<Attempt<GateCore>>,
+    timeout_ms: i64,
+}
+
+impl AttemptHandle {
+    /// Runs one step of the attempt and turns its outcome into a C step.
+    fn step(
+        &self,
+        function: &'static str,
+        f: impl FnOnce(&mut Attempt<GateCore>, u64) -> Result<Step, StepError>,
+    ) -> Result<kvgate_step, Failure> {
+        let mut attempt = self.attempt.lock();
+        let now = self.gate.gate.now_ns();
+        let step = f(&mut attempt, now).map_err(|err| out_of_order(function, &attempt, err))?;
+        Ok(self.c_step(attempt.session_id(), step, now))
+    }
+
+    fn c_step(&self, session: &[u8], step: Step, now: u64) -> kvgate_step {
+        match step {
+            Step::ProbeUsage => kvgate_step::of(kvgate_step_kind::KVGATE_STEP_PROBE_USAGE),
+            Step::ProbePrefix => kvgate_step::of(kvgate_step_kind::KVGATE_STEP_PROBE_PREFIX),
+            Step::Sleep { until_ns } => kvgate_step {
+                until_ns,
+                sleep_ns: until_ns.saturating_sub(now),
+                ..kvgate_step::of(kvgate_step_kind::KVGATE_STEP_SLEEP)
+            },
+            Step::Admitted(token) => match register_lease(&self.gate, session, token) {
+                Ok(admission) => kvgate_step {
+                    admission,
+                    ..kvgate_step::of(kvgate_step_kind::KVGATE_STEP_ADMITTED)
+                },
+                // The gate was freed meanwhile: the lease is already released.
+                Err(failure) => kvgate_step::failed(failure.status),
+            },
+            Step::Failed(err) => {
+                kvgate_step::failed(acquire_failure(err, session, self.timeout_ms).status)
+            }
+        }
+    }
+}
+
+/// The message for a step the attempt did not ask for, in the C names.
+fn out_of_order(function: &'static str, attempt: &Attempt<GateCore>, err: StepError) -> Failure {
+    let session = SessionName(attempt.session_id());
+    let message = match err {
+        StepError::OutOfOrder { expected, .. } => format!(
+            "the attempt of session {session} does not wait for {function}: it waits for {}",
+            c_name(expected)
+        ),
+        _ => format!(
+            "the attempt of session {session} has ended (admitted, failed or cancelled): \
+             it takes no more steps"
+        ),
+    };
+    Failure::new(kvgate_status::KVGATE_OUT_OF_ORDER, message)
+}
+
+/// The C function that answers what the core's attempt waits for.
+fn c_name(step: &str) -> &'static str {
+    match step {
+        "on_usage" => "kvgate_attempt_answer_usage (its step is KVGATE_STEP_PROBE_USAGE)",
+        "on_prefix" => "kvgate_attempt_answer_prefix (its step is KVGATE_STEP_PROBE_PREFIX)",
+        "on_wake" => "kvgate_attempt_wake (its step is KVGATE_STEP_SLEEP)",
+        _ => "nothing",
+    }
+}
+
+/// A probe answer from C: NaN means unavailable.
+fn answer(raw: f64) -> Option<f64> {
+    (!raw.is_nan()).then_some(raw)
+}
+
+/// Makes a waker whose tags arrive through a descriptor the host polls
+/// (`kvgate_waker_fd`, then `kvgate_waker_drain` when it is readable). On
+/// Linux an eventfd, elsewhere a pipe; non-blocking and close-on-exec.
+///
+/// One waker serves any number of attempts, on any number of gates: one per
+/// event loop is the intended use. On `KVGATE_OK`, `*out` is the caller's
+/// to free once with `kvgate_waker_free`.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `out`, `KVGATE_OS_ERROR`
+/// when the descriptor cannot be made (the message has the OS's reason).
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_waker_new(out: *mut *mut kvgate_waker) -> kvgate_status {
+    ffi_status("kvgate_waker_new", || {
+        // SAFETY: forwarded (caller).
+        let out = unsafe { handles::out_arg(out, "out") }?;
+        let waker = Waker::with_descriptor().map_err(|err| {
+            Failure::new(
+                kvgate_status::KVGATE_OS_ERROR,
+                format!("cannot make the wake descriptor: {err}"),
+            )
+        })?;
+        out.write(handles::waker_into_raw(Arc::new(waker)));
+        Ok(())
+    })
+}
+
+/// Makes a waker that calls `wake(user_data, tag)` instead of keeping a
+/// descriptor: see `kvgate_wake_fn` for what it may do (only enqueue: it
+/// runs under gate locks, on the thread that caused the wake-up).
+/// `user_data` must stay valid, and `wake` callable with it from any
+/// thread, until every attempt begun with this waker is freed.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `wake` or `out`.
+///
+/// # Safety
+/// `out` is NULL or writable; `wake` honours `kvgate_wake_fn`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_waker_new_callback(
+    wake: kvgate_wake_fn,
+    user_data: *mut c_void,
+    out: *mut *mut kvgate_waker,
+) -> kvgate_status {
+    ffi_status("kvgate_waker_new_callback", || {
+        // SAFETY: forwarded (caller).
+        let out = unsafe { handles::out_arg(out, "out") }?;
+        let wake = wake.ok_or_else(|| Failure::invalid("wake is NULL"))?;
+        out.write(handles::waker_into_raw(Arc::new(Waker::with_callback(
+            wake, user_data,
+        ))));
+        Ok(())
+    })
+}
+
+/// Writes the waker's descriptor to `*out_fd`: poll it for readability and
+/// call `kvgate_waker_drain` when it is readable. The descriptor belongs to
+/// the waker: do not read, write or close it.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL argument or a callback
+/// waker (which has no descriptor).
+///
+/// # Safety
+/// `waker` is NULL or a live waker; `out_fd` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_waker_fd(
+    waker: *const kvgate_waker,
+    out_fd: *mut i32,
+) -> kvgate_status {
+    ffi_status("kvgate_waker_fd", || {
+        // SAFETY: forwarded (caller).
+        let (waker, out) = unsafe {
+            (
+                handles::waker_ref(waker)?,
+                handles::out_arg(out_fd, "out_fd")?,
+            )
+        };
+        let fd = waker.fd().ok_or_else(|| {
+            Failure::invalid(
+                "this waker calls a callback (kvgate_waker_new_callback): it has no descriptor",
+            )
+        })?;
+        out.write(fd);
+        Ok(())
+    })
+}
+
+/// Moves up to `capacity` tags of attempts that have something to look at
+/// into `tags`, oldest first, writes how many to `*out_count`, and makes
+/// the descriptor unreadable unless tags are left over (then it stays
+/// readable: drain again). Call `kvgate_attempt_wake` on each tag's attempt
+/// whose last step was `KVGATE_STEP_SLEEP`; a tag may come more than once,
+/// or for an attempt that has moved on or ended: ignore those.
+///
+/// `tags` may be NULL when `capacity` is 0. Thread-safe.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `waker` or `out_count`, a
+/// NULL `tags` with a non-zero `capacity`, or a callback waker.
+///
+/// # Safety
+/// `waker` is NULL or a live waker; `tags` is NULL or has `capacity`
+/// writable elements; `out_count` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_waker_drain(
+    waker: *const kvgate_waker,
+    tags: *mut u64,
+    capacity: usize,
+    out_count: *mut usize,
+) -> kvgate_status {
+    ffi_status("kvgate_waker_drain", || {
+        // SAFETY: forwarded (caller).
+        let (waker, tags, out) = unsafe {
+            (
+                handles::waker_ref(waker)?,
+                handles::slice_out_arg(tags, capacity, "tags", "capacity")?,
+                handles::out_arg(out_count, "out_count")?,
+            )
+        };
+        let n = waker.drain(tags).ok_or_else(|| {
+            Failure::invalid(
+                "this waker calls a callback (kvgate_waker_new_callback): it keeps no tags",
+            )
+        })?;
+        out.write(n);
+        Ok(())
+    })
+}
+
+/// Frees the host's reference to a waker. NULL is a no-op. Attempts begun
+/// with it keep it alive (and its descriptor open) until they are freed:
+/// free the waker after its attempts, and stop polling its descriptor first.
+///
+/// # Safety
+/// `waker` is NULL or a live waker, freed only once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_waker_free(waker: *mut kvgate_waker) {
+    ffi_boundary("kvgate_waker_free", || {
+        // SAFETY: NULL or the host's reference, handed back once (caller).
+        drop(unsafe { handles::waker_take(waker) });
+    })
+}
+
+/// Begins an attempt to admit a turn of session `session_id` whose prompt
+/// has `prompt_len` tokens, driven by the host step by step (an event loop:
+/// nothing blocks, no thread waits), and writes the attempt to
+/// `*out_attempt` and its first step to `*out_step`.
+///
+/// The same decision as `kvgate_acquire`, with the same `timeout_ms`
+/// (`< 0` no limit, `0` one pass then `KVGATE_TIMED_OUT` instead of a sleep,
+/// `> 0` milliseconds on the gate's clock), preemption by a newer attempt of
+/// the session, `kvgate_cancel_session`, and stats. The difference: the
+/// gate's probe callbacks are not called; the host answers each probe step
+/// itself, whenever the answer arrives, from any thread. While the attempt
+/// sleeps, `waker` delivers `tag` when it has something to look at.
+///
+/// On `KVGATE_OK`, the caller owns `*out_attempt` and frees it once with
+/// `kvgate_attempt_free` (after its end, or to abandon it). Any step may
+/// come first, `KVGATE_STEP_ADMITTED` and `KVGATE_STEP_FAILED` included.
+///
+/// Returns `KVGATE_CLOSED` (nothing written) if the gate is closed, and
+/// `KVGATE_INVALID_ARGUMENT` for a NULL `gate`, `waker`, `out_attempt` or
+/// `out_step`, or a NULL `session_id` with a non-zero length.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
+/// `session_id_len` bytes if not NULL; `waker` is NULL or a live waker;
+/// the out-pointers are NULL or writable.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // the C signature: one value per argument
+pub unsafe extern "C" fn kvgate_attempt_begin(
+    gate: *mut kvgate_gate,
+    session_id: *const u8,
+    session_id_len: usize,
+    prompt_len: usize,
+    timeout_ms: i64,
+    waker: *const kvgate_waker,
+    tag: u64,
+    out_attempt: *mut *mut kvgate_attempt,
+    out_step: *mut kvgate_step,
+) -> kvgate_status {
+    ffi_status("kvgate_attempt_begin", || {
+        // SAFETY: pointer contracts forwarded (caller).
+        let (gate_handle, session, waker, out_attempt, out_step) = unsafe {
+            (
+                handles::gate_clone(gate, "gate")?,
+                handles::session_arg(session_id, session_id_len)?,
+                handles::waker_clone(waker)?,
+                handles::out_arg(out_attempt, "out_attempt")?,
+                handles::out_arg(out_step, "out_step")?,
+            )
+        };
+        let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
+        let notifier = Box::new(TagNotifier { waker, tag });
+        let (mut attempt, now) = gate_handle
+            .gate
+            .begin_attempt(session, prompt_len, timeout, notifier)
+            .map_err(|err| acquire_failure(err, session, timeout_ms))?;
+        let first = attempt
+            .start(now)
+            .expect("a new attempt waits for its start");
+        let handle = AttemptHandle {
+            gate: gate_handle,
+            attempt: Mutex::new(attempt),
+            timeout_ms,
+        };
+        let step = handle.c_step(session, first, now);
+        out_step.write(step);
+        out_attempt.write(handles::attempt_into_raw(Box::new(handle)));
+        Ok(())
+    })
+}
+
+/// Answers a `KVGATE_STEP_PROBE_USAGE` step: the engine's KV-cache usage in
+/// [0, 1] (NaN when unavailable; out of range counts as unavailable), and
+/// for working-set admission its capacity as `kvgate_capacity_fn` answers
+/// it (tokens, tokens per block, best prefill tokens per second; 0 for any
+/// figure unknown, all three 0 when the engine cannot say). Writes the next
+/// step to `*out_step`.
+///
+/// Returns `KVGATE_OUT_OF_ORDER` if the attempt's step is not
+/// `KVGATE_STEP_PROBE_USAGE` (nothing changes), `KVGATE_INVALID_ARGUMENT`
+/// for a NULL pointer. Thread-safe (steps of one attempt are serialised).
+///
+/// # Safety
+/// `attempt` is NULL or a live attempt; `out_step` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_attempt_answer_usage(
+    attempt: *mut kvgate_attempt,
+    usage: f64,
+    capacity_tokens: u64,
+    block_tokens: u32,
+    prefill_tokens_per_sec: f64,
+    out_step: *mut kvgate_step,
+) -> kvgate_status {
+    let function = "kvgate_attempt_answer_usage";
+    ffi_status(function, || {
+        // SAFETY: forwarded (caller).
+        let (handle, out) = unsafe {
+            (
+                handles::attempt_ref(attempt)?,
+                handles::out_arg(out_step, "out_step")?,
+            )
+        };
+        let known = capacity_tokens != 0
+            || block_tokens != 0
+            || (prefill_tokens_per_sec.is_finite() && prefill_tokens_per_sec > 0.0);
+        let capacity = known
+            .then(|| EngineCapacity::new(capacity_tokens, block_tokens, prefill_tokens_per_sec));
+        out.write(handle.step(function, |a, now| {
+            a.on_cache_state(answer(usage), capacity, now)
+        })?);
+        Ok(())
+    })
+}
+
+/// Answers a `KVGATE_STEP_PROBE_PREFIX` step: the fraction of the prompt
+/// resident in the engine's prefix cache (NaN when unavailable). Writes the
+/// next step to `*out_step`. Statuses as `kvgate_attempt_answer_usage`.
+///
+/// # Safety
+/// `attempt` is NULL or a live attempt; `out_step` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_attempt_answer_prefix(
+    attempt: *mut kvgate_attempt,
+    hit_ratio: f64,
+    out_step: *mut kvgate_step,
+) -> kvgate_status {
+    let function = "kvgate_attempt_answer_prefix";
+    ffi_status(function, || {
+        // SAFETY: forwarded (caller).
+        let (handle, out) = unsafe {
+            (
+                handles::attempt_ref(attempt)?,
+                handles::out_arg(out_step, "out_step")?,
+            )
+        };
+        out.write(handle.step(function, |a, now| a.on_prefix(answer(hit_ratio), now))?);
+        Ok(())
+    })
+}
+
+/// After a `KVGATE_STEP_SLEEP` step: the waker delivered the attempt's tag,
+/// or `until_ns` passed (calling it earlier, spuriously, is harmless: the
+/// attempt sleeps again). Writes the next step to `*out_step`. Statuses as
+/// `kvgate_attempt_answer_usage`.
+///
+/// # Safety
+/// `attempt` is NULL or a live attempt; `out_step` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_attempt_wake(
+    attempt: *mut kvgate_attempt,
+    out_step: *mut kvgate_step,
+) -> kvgate_status {
+    let function = "kvgate_attempt_wake";
+    ffi_status(function, || {
+        // SAFETY: forwarded (caller).
+        let (handle, out) = unsafe {
+            (
+                handles::attempt_ref(attempt)?,
+                handles::out_arg(out_step, "out_step")?,
+            )
+        };
+        out.write(handle.step(function, |a, now| a.on_wake(now))?);
+        Ok(())
+    })
+}
+
+/// Cancels the attempt if it has not ended (counted as cancelled, like
+/// `kvgate_cancel_session`): it leaves the queue, gives on any capacity it
+/// was handed, and takes no more steps (`KVGATE_OUT_OF_ORDER`). A no-op on
+/// an ended attempt. Use it when the host gives up on the turn (a client
+/// disconnected, an asyncio task was cancelled). Thread-safe.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `attempt`.
+///
+/// # Safety
+/// `attempt` is NULL or a live attempt.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_attempt_cancel(attempt: *mut kvgate_attempt) -> kvgate_status {
+    ffi_status("kvgate_attempt_cancel", || {
+        // SAFETY: forwarded (caller).
+        let handle = unsafe { handles::attempt_ref(attempt) }?;
+        let now = handle.gate.gate.now_ns();
+        handle.attempt.lock().abandon(now);
+        Ok(())
+    })
+}
+
+/// Frees an attempt, cancelling it first if it has not ended. NULL is a
+/// no-op. A lease it was admitted with stays valid (release it as usual).
+///
+/// # Safety
+/// `attempt` is NULL or a live attempt, freed once, with no other call on
+/// it in progress.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_attempt_free(attempt: *mut kvgate_attempt) {
+    ffi_boundary("kvgate_attempt_free", || {
+        // SAFETY: NULL or the host's attempt, handed back once (caller).
+        if let Some(handle) = unsafe { handles::attempt_take(attempt) } {
+            let now = handle.gate.gate.now_ns();
+            handle.attempt.lock().abandon(now);
+        }
+    })
+}
+
+/// The gate's clock, in nanoseconds: the time base of `kvgate_step.until_ns`
+/// and `kvgate_tick`. Monotonic; its origin is unspecified.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL argument.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`); `out_now_ns` is NULL
+/// or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_now_ns(
+    gate: *mut kvgate_gate,
+    out_now_ns: *mut u64,
+) -> kvgate_status {
+    ffi_status("kvgate_now_ns", || {
+        // SAFETY: forwarded (caller).
+        let (handle, out) = unsafe {
+            (
+                handles::gate_ref(gate, "gate")?,
+                handles::out_arg(out_now_ns, "out_now_ns")?,
+            )
+        };
+        out.write(handle.gate.now_ns());
+        Ok(())
+    })
+}
+
+/// The gate's timer, for an event loop: fires what is due now (a window
+/// that ended wakes a waiting attempt through its waker) and writes when to
+/// call it next: `*out_until_ns` on the gate's clock and `*out_sleep_ns`
+/// from now, both `UINT64_MAX` when nothing is pending.
+///
+/// A loop keeps one timer per gate at that time, and looks again after
+/// each `kvgate_waker_drain` and each `kvgate_release` it makes (either may
+/// move the deadline earlier). Sleeping attempts have their own
+/// `until_ns`. Hosts whose only attempts are blocking `kvgate_acquire`
+/// calls never need it. Thread-safe.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL argument.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`); the out-pointers are
+/// NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_tick(
+    gate: *mut kvgate_gate,
+    out_until_ns: *mut u64,
+    out_sleep_ns: *mut u64,
+) -> kvgate_status {
+    ffi_status("kvgate_tick", || {
+        // SAFETY: forwarded (caller).
+        let (handle, until, sleep) = unsafe {
+            (
+                handles::gate_ref(gate, "gate")?,
+                handles::out_arg(out_until_ns, "out_until_ns")?,
+                handles::out_arg(out_sleep_ns, "out_sleep_ns")?,
+            )
+        };
+        match handle.gate.tick() {
+            Some(at) => {
+                until.write(at);
+                sleep.write(at.saturating_sub(handle.gate.now_ns()));
+            }
+            None => {
+                until.write(u64::MAX);
+                sleep.write(u64::MAX);
+            }
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,162 @@
+//! How a sleeping event-loop attempt reaches its host without a thread:
+//! a `kvgate_waker`, shared by every attempt one loop drives.
+//!
+//! Each attempt is begun with a waker and a 64-bit tag the host chose (an
+//! index into its table of attempts, say). When the attempt has something
+//! to look at (a capacity event, a preemption, a cancel, close, a deadline
+//! that moved earlier), the gate hands its tag to the waker, under gate
+//! locks. A waker delivers tags one of two ways:
+//!
+//! - **a descriptor** (`kvgate_waker_new`): the tag joins the waker's queue
+//!   and the descriptor becomes readable; the loop watches the one
+//!   descriptor (epoll, `poll`, asyncio's `loop.add_reader`, libuv's
+//!   `uv_poll_start`) and calls `kvgate_waker_drain` when it is readable.
+//!   This is what those loops expect: one fd per loop, edge or level
+//!   triggered, nothing to run on a foreign thread. An eventfd on Linux, a
+//!   pipe elsewhere.
+//! - **a callback** (`kvgate_waker_new_callback`): called with the tag on
+//!   whichever thread caused the wake-up, while that thread holds gate
+//!   locks, so it may only enqueue (`uv_async_send`, a lock-free queue, a
+//!   write to the host's own pipe) and never call into kvgate. For hosts
+//!   that already have a cross-thread wake primitive.
+//!
+//! The descriptor's protocol, and why no tag is lost: a wake pushes the tag
+//! and then rings the bell unless `rung` says it is rung; a drain clears the
+//! bell, then `rung`, then takes tags. A wake that pushed after the drain
+//! took the queue sees `rung` cleared (the drain cleared it before taking)
+//! and rings; one that pushed before is taken by this drain. So whenever a
+//! tag waits in the queue, the bell is rung (`tests/loom_event_loop.rs`).
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+
+use crate::core::Notify;
+use crate::sync::{Arc, AtomicBool, Doorbell, Mutex, Ordering};
+
+/// The wake callback (`kvgate_waker_new_callback`): the attempt begun with
+/// `tag` has something to look at; call `kvgate_attempt_wake` on it soon
+/// (from the host's loop, not from here).
+///
+/// Runs on whichever thread caused the wake-up (a `kvgate_release`, a
+/// newer attempt of the session, `kvgate_close`...), **while that thread
+/// holds gate locks**: it must only enqueue or signal and return, never call
+/// a kvgate function, never block, never unwind. It may be called more than
+/// once for one wake-up, and after the attempt moved on (a spurious wake is
+/// harmless: the attempt simply sleeps again).
+pub type kvgate_wake_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, tag: u64)>;
+
+/// Where a waker's tags go.
+#[derive(Debug)]
+enum Target {
+    Descriptor {
+        bell: Doorbell,
+        /// Whether the bell is (about to be) rung: rings are coalesced.
+        rung: AtomicBool,
+        tags: Mutex<VecDeque<u64>>,
+    },
+    Callback {
+        wake: unsafe extern "C" fn(*mut c_void, u64),
+        user_data: *mut c_void,
+    },
+}
+
+/// The payload of a `kvgate_waker *`.
+#[derive(Debug)]
+pub(crate) struct Waker {
+    target: Target,
+}
+
+// SAFETY: the descriptor variant holds only thread-safe state. The callback
+// variant's `user_data` is only passed back to the host's function, which
+// the header requires to be callable from any thread with it for as long as
+// an attempt begun with the waker lives. Rust never dereferences it.
+unsafe impl Send for Waker {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Waker {}
+
+impl Waker {
+    pub(crate) fn with_descriptor() -> std::io::Result<Self> {
+        Ok(Self {
+            target: Target::Descriptor {
+                bell: Doorbell::new()?,
+                rung: AtomicBool::new(false),
+                tags: Mutex::new(VecDeque::new()),
+            },
+        })
+    }
+
+    pub(crate) fn with_callback(
+        wake: unsafe extern "C" fn(*mut c_void, u64),
+        user_data: *mut c_void,
+    ) -> Self {
+        Self {
+            target: Target::Callback { wake, user_data },
+        }
+    }
+
+    /// The descriptor to poll, if this waker has one.
+    pub(crate) fn fd(&self) -> Option<i32> {
+        match &self.target {
+            Target::Descriptor { bell, .. } => Some(bell.fd()),
+            Target::Callback { .. } => None,
+        }
+    }
+
+    /// Delivers `tag` (under gate locks: a push and at most one write).
+    fn wake(&self, tag: u64) {
+        match &self.target {
+            Target::Descriptor { bell, rung, tags } => {
+                tags.lock().push_back(tag);
+                if !rung.swap(true, Ordering::SeqCst) {
+                    bell.ring();
+                }
+            }
+            // SAFETY: the host's function with its own `user_data` (see `Send`).
+            Target::Callback { wake, user_data } => unsafe { wake(*user_data, tag) },
+        }
+    }
+
+    /// Moves up to `out.len()` waiting tags, oldest first, into `out` and
+    /// returns how many. Tags left over keep the descriptor readable.
+    /// `None` for a callback waker, which keeps no tags.
+    pub(crate) fn drain(&self, out: &mut [u64]) -> Option<usize> {
+        let Target::Descriptor { bell, rung, tags } = &self.target else {
+            return None;
+        };
+        bell.clear();
+        rung.store(false, Ordering::SeqCst);
+        let mut queue = tags.lock();
+        let n = queue.len().min(out.len());
+        for (slot, tag) in out.iter_mut().zip(queue.drain(..n)) {
+            *slot = tag;
+        }
+        let more = !queue.is_empty();
+        drop(queue);
+        if more && !rung.swap(true, Ordering::SeqCst) {
+            bell.ring();
+        }
+        Some(n)
+    }
+
+    /// Under loom: whether the bell is rung (what a poll would report).
+    #[cfg(loom)]
+    pub(crate) fn is_rung(&self) -> bool {
+        match &self.target {
+            Target::Descriptor { bell, .. } => bell.is_rung(),
+            Target::Callback { .. } => false,
+        }
+    }
+}
+
+/// One attempt's notifier: its waker and the host's tag.
+#[derive(Debug)]
+pub(crate) struct TagNotifier {
+    pub(crate) waker: Arc<Waker>,
+    pub(crate) tag: u64,
+}
+
+impl Notify for TagNotifier {
+    fn notify(&self) {
+        self.waker.wake(self.tag);
+    }
+}
