@@ -19,7 +19,10 @@
  *   stale one, gives KVGATE_UNKNOWN_LEASE and does nothing else.
  * - Threads: a kvgate_gate is thread-safe (every function but kvgate_free
  *   may run on it from many threads at once); a kvgate_config is not. The
- *   library spawns no thread: probes run on the threads in kvgate_acquire.
+ *   library spawns no thread: probes run on the threads in kvgate_acquire,
+ *   or are answered by the host (kvgate_attempt_*, for event loops: one
+ *   thread drives any number of waiting attempts, woken through one
+ *   kvgate_waker descriptor).
  * - ABI policy: status and reason values are never reused; structs never
  *   change layout (new fields come with new structs and functions); symbols
  *   are only added. While KVGATE_VERSION_MAJOR is 0 a minor release may
@@ -232,7 +235,9 @@ enum kvgate_step_kind
     KVGATE_STEP_ADMITTED = 3,
     /**
      * Ended without a lease: `status` says why (`KVGATE_PREEMPTED`,
-     * `KVGATE_TIMED_OUT`, `KVGATE_CANCELLED`, `KVGATE_CLOSED`).
+     * `KVGATE_TIMED_OUT`, `KVGATE_CANCELLED`, `KVGATE_CLOSED`). The call
+     * that returned this step succeeded (`KVGATE_OK`), so it sets no
+     * `kvgate_last_error`; `kvgate_status_str(status)` names the reason.
      */
     KVGATE_STEP_FAILED = 4,
 };
@@ -717,8 +722,9 @@ const char *kvgate_version(void);
 /**
  * The stable lower-case name of a status: `"ok"`, `"preempted"`,
  * `"timed_out"`, `"cancelled"`, `"closed"`, `"invalid_argument"`,
- * `"unknown_lease"`, `"not_found"`, `"panic"`, `"buffer_too_small"`, or
- * `"unknown"` for a value this library does not know.
+ * `"unknown_lease"`, `"not_found"`, `"panic"`, `"buffer_too_small"`,
+ * `"out_of_order"`, `"os_error"`, or `"unknown"` for a value this library
+ * does not know.
  *
  * Takes a plain `uint32_t` so that any value, even one a newer header
  * defines, is safe to pass. The string is static: never free it. Never
@@ -1268,7 +1274,7 @@ kvgate_status kvgate_attempt_wake(struct kvgate_attempt *attempt, struct kvgate_
 
 /**
  * Cancels the attempt if it has not ended (counted as cancelled, like
- * `kvgate_cancel_session`): it leaves the queue, gives on any capacity it
+ * `kvgate_cancel_session`): it leaves the queue, gives back any capacity it
  * was handed, and takes no more steps (`KVGATE_OUT_OF_ORDER`). A no-op on
  * an ended attempt. Use it when the host gives up on the turn (a client
  * disconnected, an asyncio task was cancelled). Thread-safe.

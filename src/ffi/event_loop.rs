@@ -53,7 +53,9 @@ pub enum kvgate_step_kind {
     /// The attempt has ended.
     KVGATE_STEP_ADMITTED = 3,
     /// Ended without a lease: `status` says why (`KVGATE_PREEMPTED`,
-    /// `KVGATE_TIMED_OUT`, `KVGATE_CANCELLED`, `KVGATE_CLOSED`).
+    /// `KVGATE_TIMED_OUT`, `KVGATE_CANCELLED`, `KVGATE_CLOSED`). The call
+    /// that returned this step succeeded (`KVGATE_OK`), so it sets no
+    /// `kvgate_last_error`; `kvgate_status_str(status)` names the reason.
     KVGATE_STEP_FAILED = 4,
 }
 
@@ -496,7 +498,7 @@ pub unsafe extern "C" fn kvgate_attempt_wake(
 }
 
 /// Cancels the attempt if it has not ended (counted as cancelled, like
-/// `kvgate_cancel_session`): it leaves the queue, gives on any capacity it
+/// `kvgate_cancel_session`): it leaves the queue, gives back any capacity it
 /// was handed, and takes no more steps (`KVGATE_OUT_OF_ORDER`). A no-op on
 /// an ended attempt. Use it when the host gives up on the turn (a client
 /// disconnected, an asyncio task was cancelled). Thread-safe.
@@ -602,4 +604,17 @@ pub unsafe extern "C" fn kvgate_tick(
         }
         Ok(())
     })
+}
+
+/// For the loom models (`tests/loom_event_loop.rs`): whether the waker's
+/// bell is rung, i.e. whether a poll of its descriptor would report it
+/// readable. Not part of the C ABI (a model cannot poll a descriptor).
+///
+/// # Safety
+/// `waker` is a live waker.
+#[cfg(loom)]
+#[doc(hidden)]
+pub unsafe fn waker_is_rung_for_models(waker: *const kvgate_waker) -> bool {
+    // SAFETY: forwarded (caller).
+    unsafe { handles::waker_ref(waker) }.is_ok_and(|w| w.is_rung())
 }

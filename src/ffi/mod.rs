@@ -66,6 +66,9 @@ pub use config::{
     kvgate_config_set_session_retention_sec, kvgate_config_set_wait_poll_sec,
 };
 pub use error::kvgate_last_error;
+#[cfg(loom)]
+#[doc(hidden)]
+pub use event_loop::waker_is_rung_for_models;
 pub use event_loop::{
     kvgate_attempt_answer_prefix, kvgate_attempt_answer_usage, kvgate_attempt_begin,
     kvgate_attempt_cancel, kvgate_attempt_free, kvgate_attempt_wake, kvgate_now_ns, kvgate_step,

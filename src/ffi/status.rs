@@ -186,8 +186,9 @@ fn c_str(name: &'static [u8]) -> *const c_char {
 
 /// The stable lower-case name of a status: `"ok"`, `"preempted"`,
 /// `"timed_out"`, `"cancelled"`, `"closed"`, `"invalid_argument"`,
-/// `"unknown_lease"`, `"not_found"`, `"panic"`, `"buffer_too_small"`, or
-/// `"unknown"` for a value this library does not know.
+/// `"unknown_lease"`, `"not_found"`, `"panic"`, `"buffer_too_small"`,
+/// `"out_of_order"`, `"os_error"`, or `"unknown"` for a value this library
+/// does not know.
 ///
 /// Takes a plain `uint32_t` so that any value, even one a newer header
 /// defines, is safe to pass. The string is static: never free it. Never
@@ -227,11 +228,13 @@ mod tests {
     #[test]
     fn status_values_are_the_contract() {
         let values: Vec<u32> = kvgate_status::ALL.iter().map(|s| *s as u32).collect();
-        assert_eq!(values, (0..10).collect::<Vec<u32>>());
+        assert_eq!(values, (0..12).collect::<Vec<u32>>());
         assert_eq!(text(kvgate_status_str(0)), "ok");
         assert_eq!(text(kvgate_status_str(6)), "unknown_lease");
         assert_eq!(text(kvgate_status_str(9)), "buffer_too_small");
-        assert_eq!(text(kvgate_status_str(10)), "unknown");
+        assert_eq!(text(kvgate_status_str(10)), "out_of_order");
+        assert_eq!(text(kvgate_status_str(11)), "os_error");
+        assert_eq!(text(kvgate_status_str(12)), "unknown");
         assert_eq!(text(kvgate_status_str(u32::MAX)), "unknown");
     }
 

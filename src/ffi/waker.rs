@@ -20,18 +20,23 @@
 //!   write to the host's own pipe) and never call into kvgate. For hosts
 //!   that already have a cross-thread wake primitive.
 //!
-//! The descriptor's protocol, and why no tag is lost: a wake pushes the tag
-//! and then rings the bell unless `rung` says it is rung; a drain clears the
-//! bell, then `rung`, then takes tags. A wake that pushed after the drain
-//! took the queue sees `rung` cleared (the drain cleared it before taking)
-//! and rings; one that pushed before is taken by this drain. So whenever a
-//! tag waits in the queue, the bell is rung (`tests/loom_event_loop.rs`).
+//! The descriptor's protocol, and why no tag is lost: the queue and a
+//! `rung` flag share one lock. A wake pushes its tag and sets `rung` under
+//! the lock, and rings the bell after it if `rung` was clear. A drain clears
+//! the bell first, then takes tags under the lock and clears `rung` if it
+//! took them all (else rings again). Either the wake's critical section
+//! comes first, and this drain takes its tag; or the drain's does, and the
+//! wake finds `rung` clear and rings, after the drain's clear (which came
+//! before the drain's critical section). So whenever a tag waits, the bell
+//! is rung (`tests/loom_event_loop.rs`). An earlier version kept `rung` in
+//! an atomic beside the lock: the loom model found the interleaving where a
+//! drain's clear and a wake's ring crossed and a tag waited unrung.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
 
 use crate::core::Notify;
-use crate::sync::{Arc, AtomicBool, Doorbell, Mutex, Ordering};
+use crate::sync::{Arc, Doorbell, Mutex};
 
 /// The wake callback (`kvgate_waker_new_callback`): the attempt begun with
 /// `tag` has something to look at; call `kvgate_attempt_wake` on it soon
@@ -50,14 +55,20 @@ pub type kvgate_wake_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, ta
 enum Target {
     Descriptor {
         bell: Doorbell,
-        /// Whether the bell is (about to be) rung: rings are coalesced.
-        rung: AtomicBool,
-        tags: Mutex<VecDeque<u64>>,
+        pending: Mutex<Pending>,
     },
     Callback {
         wake: unsafe extern "C" fn(*mut c_void, u64),
         user_data: *mut c_void,
     },
+}
+
+/// A descriptor waker's tags, and whether its bell is (about to be) rung,
+/// so rings are coalesced: one write per drain, not one per wake-up.
+#[derive(Debug, Default)]
+struct Pending {
+    tags: VecDeque<u64>,
+    rung: bool,
 }
 
 /// The payload of a `kvgate_waker *`.
@@ -79,8 +90,7 @@ impl Waker {
         Ok(Self {
             target: Target::Descriptor {
                 bell: Doorbell::new()?,
-                rung: AtomicBool::new(false),
-                tags: Mutex::new(VecDeque::new()),
+                pending: Mutex::new(Pending::default()),
             },
         })
     }
@@ -105,9 +115,12 @@ impl Waker {
     /// Delivers `tag` (under gate locks: a push and at most one write).
     fn wake(&self, tag: u64) {
         match &self.target {
-            Target::Descriptor { bell, rung, tags } => {
-                tags.lock().push_back(tag);
-                if !rung.swap(true, Ordering::SeqCst) {
+            Target::Descriptor { bell, pending } => {
+                let mut p = pending.lock();
+                p.tags.push_back(tag);
+                let ring = !std::mem::replace(&mut p.rung, true);
+                drop(p);
+                if ring {
                     bell.ring();
                 }
             }
@@ -120,19 +133,20 @@ impl Waker {
     /// returns how many. Tags left over keep the descriptor readable.
     /// `None` for a callback waker, which keeps no tags.
     pub(crate) fn drain(&self, out: &mut [u64]) -> Option<usize> {
-        let Target::Descriptor { bell, rung, tags } = &self.target else {
+        let Target::Descriptor { bell, pending } = &self.target else {
             return None;
         };
         bell.clear();
-        rung.store(false, Ordering::SeqCst);
-        let mut queue = tags.lock();
-        let n = queue.len().min(out.len());
-        for (slot, tag) in out.iter_mut().zip(queue.drain(..n)) {
+        let mut p = pending.lock();
+        let n = p.tags.len().min(out.len());
+        for (slot, tag) in out.iter_mut().zip(p.tags.drain(..n)) {
             *slot = tag;
         }
-        let more = !queue.is_empty();
-        drop(queue);
-        if more && !rung.swap(true, Ordering::SeqCst) {
+        // Left-overs keep `rung` set and ring again (the clear above undid it).
+        p.rung = !p.tags.is_empty();
+        let ring = p.rung;
+        drop(p);
+        if ring {
             bell.ring();
         }
         Some(n)

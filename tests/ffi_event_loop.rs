@@ -1,0 +1,614 @@
+//! The event-loop C API (`kvgate_attempt_*`, `kvgate_waker_*`, `kvgate_tick`)
+//! driven through its `extern "C"` functions as a loop host would: steps
+//! answered by hand, wake-ups read off the descriptor with `poll(2)`, and
+//! misuse answered with statuses and messages.
+//!
+//! No test sleeps or asserts a timing target: the descriptor is polled with
+//! a zero timeout right after the call that must (or must not) ring it.
+
+use std::ffi::{c_void, CStr};
+use std::mem::{size_of, MaybeUninit};
+use std::ptr;
+use std::sync::Mutex;
+
+use kvgate::ffi::kvgate_status::*;
+use kvgate::ffi::kvgate_step_kind::*;
+use kvgate::ffi::*;
+
+const POLL_SEC: f64 = 60.0;
+
+/// A gate in working-set (`reference == false`) or reference mode, with no
+/// probe callbacks (event-loop attempts answer their probes themselves).
+fn gate(reference: bool, idle_grace_sec: f64) -> *mut kvgate_gate {
+    // SAFETY: a fresh builder, used and freed here; a writable out.
+    unsafe {
+        let config = kvgate_config_new();
+        assert!(!config.is_null());
+        let mode = if reference {
+            kvgate_admission_mode::KVGATE_ADMISSION_MODE_REFERENCE
+        } else {
+            kvgate_admission_mode::KVGATE_ADMISSION_MODE_WORKING_SET
+        };
+        assert_eq!(
+            kvgate_config_set_admission_mode(config, mode as u32),
+            KVGATE_OK
+        );
+        assert_eq!(kvgate_config_set_wait_poll_sec(config, POLL_SEC), KVGATE_OK);
+        assert_eq!(
+            kvgate_config_set_idle_grace_sec(config, idle_grace_sec),
+            KVGATE_OK
+        );
+        let mut gate = ptr::null_mut();
+        assert_eq!(kvgate_new(config, &mut gate), KVGATE_OK);
+        kvgate_config_free(config);
+        gate
+    }
+}
+
+fn waker() -> *mut kvgate_waker {
+    let mut w = ptr::null_mut();
+    // SAFETY: a writable out.
+    assert_eq!(unsafe { kvgate_waker_new(&mut w) }, KVGATE_OK);
+    w
+}
+
+fn fd_of(w: *mut kvgate_waker) -> i32 {
+    let mut fd = -1;
+    // SAFETY: a live waker and a writable out.
+    assert_eq!(unsafe { kvgate_waker_fd(w, &mut fd) }, KVGATE_OK);
+    fd
+}
+
+/// Whether the waker's descriptor is readable right now.
+fn readable(w: *mut kvgate_waker) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: fd_of(w),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n == 1 && pfd.revents & libc::POLLIN != 0
+}
+
+fn drain(w: *mut kvgate_waker, capacity: usize) -> Vec<u64> {
+    let mut tags = vec![0u64; capacity];
+    let mut n = usize::MAX;
+    // SAFETY: a live waker, `capacity` writable tags, a writable count.
+    assert_eq!(
+        unsafe { kvgate_waker_drain(w, tags.as_mut_ptr(), capacity, &mut n) },
+        KVGATE_OK
+    );
+    tags.truncate(n);
+    tags
+}
+
+fn last_error() -> String {
+    // SAFETY: the library's NUL-terminated, never-NULL string.
+    unsafe { CStr::from_ptr(kvgate_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn stats(gate: *mut kvgate_gate) -> kvgate_stats {
+    let mut out = MaybeUninit::<kvgate_stats>::uninit();
+    // SAFETY: a live gate and a writable out of the stated size.
+    assert_eq!(
+        unsafe { kvgate_get_stats(gate, out.as_mut_ptr(), size_of::<kvgate_stats>()) },
+        KVGATE_OK
+    );
+    // SAFETY: written on KVGATE_OK.
+    unsafe { out.assume_init() }
+}
+
+/// An attempt and its latest step.
+struct Driven {
+    attempt: *mut kvgate_attempt,
+    step: kvgate_step,
+}
+
+fn begin(
+    gate: *mut kvgate_gate,
+    session: &str,
+    timeout_ms: i64,
+    w: *mut kvgate_waker,
+    tag: u64,
+) -> Driven {
+    let mut attempt = ptr::null_mut();
+    let mut step = MaybeUninit::uninit();
+    // SAFETY: live gate and waker, a session slice, writable outs.
+    let status = unsafe {
+        kvgate_attempt_begin(
+            gate,
+            session.as_ptr(),
+            session.len(),
+            100,
+            timeout_ms,
+            w,
+            tag,
+            &mut attempt,
+            step.as_mut_ptr(),
+        )
+    };
+    assert_eq!(status, KVGATE_OK, "{}", last_error());
+    Driven {
+        attempt,
+        // SAFETY: written on KVGATE_OK.
+        step: unsafe { step.assume_init() },
+    }
+}
+
+impl Driven {
+    fn kind(&self) -> kvgate_step_kind {
+        self.step.kind
+    }
+
+    /// Answers a usage step (capacity unknown unless given).
+    fn usage(&mut self, usage: f64, capacity_tokens: u64) -> kvgate_status {
+        let mut step = MaybeUninit::uninit();
+        // SAFETY: a live attempt and a writable out.
+        let status = unsafe {
+            kvgate_attempt_answer_usage(
+                self.attempt,
+                usage,
+                capacity_tokens,
+                16,
+                0.0,
+                step.as_mut_ptr(),
+            )
+        };
+        if status == KVGATE_OK {
+            // SAFETY: written on KVGATE_OK.
+            self.step = unsafe { step.assume_init() };
+        }
+        status
+    }
+
+    fn prefix(&mut self, hit: f64) -> kvgate_status {
+        let mut step = MaybeUninit::uninit();
+        // SAFETY: a live attempt and a writable out.
+        let status = unsafe { kvgate_attempt_answer_prefix(self.attempt, hit, step.as_mut_ptr()) };
+        if status == KVGATE_OK {
+            // SAFETY: written on KVGATE_OK.
+            self.step = unsafe { step.assume_init() };
+        }
+        status
+    }
+
+    fn wake(&mut self) -> kvgate_status {
+        let mut step = MaybeUninit::uninit();
+        // SAFETY: a live attempt and a writable out.
+        let status = unsafe { kvgate_attempt_wake(self.attempt, step.as_mut_ptr()) };
+        if status == KVGATE_OK {
+            // SAFETY: written on KVGATE_OK.
+            self.step = unsafe { step.assume_init() };
+        }
+        status
+    }
+
+    fn lease(&self) -> u64 {
+        assert_eq!(self.kind(), KVGATE_STEP_ADMITTED, "{:?}", self.step);
+        self.step.admission.lease
+    }
+}
+
+impl Drop for Driven {
+    fn drop(&mut self) {
+        // SAFETY: the attempt is live and freed once, here.
+        unsafe { kvgate_attempt_free(self.attempt) };
+    }
+}
+
+/// Reference mode: admitted open at low usage.
+fn admitted_open(gate: *mut kvgate_gate, session: &str, w: *mut kvgate_waker) -> u64 {
+    let mut a = begin(gate, session, -1, w, 0);
+    assert_eq!(a.kind(), KVGATE_STEP_PROBE_USAGE);
+    assert_eq!(a.usage(0.1, 0), KVGATE_OK);
+    a.lease()
+}
+
+/// Reference mode: asleep at high usage with a cold prefix.
+fn asleep(gate: *mut kvgate_gate, session: &str, w: *mut kvgate_waker, tag: u64) -> Driven {
+    let mut a = begin(gate, session, -1, w, tag);
+    assert_eq!(a.usage(0.95, 0), KVGATE_OK);
+    assert_eq!(a.kind(), KVGATE_STEP_PROBE_PREFIX);
+    assert_eq!(a.prefix(0.0), KVGATE_OK);
+    assert_eq!(a.kind(), KVGATE_STEP_SLEEP);
+    assert!(a.step.sleep_ns > 0 && a.step.sleep_ns <= (POLL_SEC * 1e9) as u64);
+    a
+}
+
+fn free(gate: *mut kvgate_gate, w: *mut kvgate_waker) {
+    // SAFETY: live handles, freed once, nothing else in progress.
+    unsafe {
+        kvgate_free(gate);
+        kvgate_waker_free(w);
+    }
+}
+
+#[test]
+fn a_working_set_attempt_is_admitted_from_its_usage_answer() {
+    let (g, w) = (gate(false, 5.0), waker());
+    let mut a = begin(g, "s", -1, w, 1);
+    assert_eq!(a.kind(), KVGATE_STEP_PROBE_USAGE);
+    assert_eq!(a.usage(0.0, 100_000), KVGATE_OK);
+    let lease = a.lease();
+    assert_ne!(lease, KVGATE_NO_LEASE);
+    assert_eq!(
+        a.step.admission.reason,
+        kvgate_reason::KVGATE_REASON_EMPTY_WORKING_SET
+    );
+    assert_eq!(a.step.status, KVGATE_OK);
+    // SAFETY: a live gate.
+    assert_eq!(
+        unsafe { kvgate_release_with_report(g, lease, 0, 10) },
+        KVGATE_OK
+    );
+    let s = stats(g);
+    assert_eq!((s.admissions, s.releases, s.active_leases), (1, 1, 0));
+    assert_eq!(
+        s.usage_probe_calls, 1,
+        "the host's answer is counted as a probe"
+    );
+    drop(a);
+    free(g, w);
+}
+
+#[test]
+fn a_sleeping_attempt_is_woken_through_the_descriptor_by_a_release() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let held = admitted_open(g, "a", w);
+    let mut b = asleep(g, "b", w, 7);
+    assert!(!readable(w), "nothing to look at yet");
+    assert_eq!(stats(g).waiting_attempts, 1);
+    // SAFETY: a live gate.
+    assert_eq!(unsafe { kvgate_release(g, held) }, KVGATE_OK);
+    assert!(readable(w), "the release rang the bell");
+    assert_eq!(drain(w, 8), vec![7]);
+    assert!(!readable(w), "drained");
+    assert_eq!(b.wake(), KVGATE_OK);
+    assert_eq!(b.kind(), KVGATE_STEP_PROBE_USAGE, "a new pass");
+    assert_eq!(b.usage(0.1, 0), KVGATE_OK);
+    let lease = b.lease();
+    assert!(b.step.admission.waited);
+    // SAFETY: a live gate.
+    assert_eq!(unsafe { kvgate_release(g, lease) }, KVGATE_OK);
+    drop(b);
+    free(g, w);
+}
+
+#[test]
+fn a_newer_attempt_preempts_the_sleeping_one_through_its_tag() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let _held = admitted_open(g, "a", w);
+    let mut old = asleep(g, "b", w, 1);
+    let newer = begin(g, "b", -1, w, 2);
+    assert_eq!(newer.kind(), KVGATE_STEP_PROBE_USAGE);
+    assert_eq!(drain(w, 8), vec![1], "only the preempted attempt is woken");
+    assert_eq!(old.wake(), KVGATE_OK);
+    assert_eq!(old.kind(), KVGATE_STEP_FAILED);
+    assert_eq!(old.step.status, KVGATE_PREEMPTED);
+    assert_eq!(stats(g).preempted, 1);
+    drop((old, newer));
+    free(g, w);
+}
+
+#[test]
+fn a_cancelled_attempt_leaves_the_queue_and_takes_no_more_steps() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let _held = admitted_open(g, "a", w);
+    let mut b = asleep(g, "b", w, 3);
+    // SAFETY: a live attempt.
+    assert_eq!(unsafe { kvgate_attempt_cancel(b.attempt) }, KVGATE_OK);
+    let s = stats(g);
+    assert_eq!(
+        (s.cancelled, s.waiting_attempts, s.pending_attempts),
+        (1, 0, 0)
+    );
+    assert_eq!(b.wake(), KVGATE_OUT_OF_ORDER);
+    assert!(last_error().contains("has ended"), "{}", last_error());
+    // SAFETY: cancelling again is a no-op.
+    assert_eq!(unsafe { kvgate_attempt_cancel(b.attempt) }, KVGATE_OK);
+    assert_eq!(stats(g).cancelled, 1);
+    drop(b);
+    free(g, w);
+}
+
+#[test]
+fn freeing_an_attempt_that_has_not_ended_cancels_it() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let _held = admitted_open(g, "a", w);
+    let b = asleep(g, "b", w, 3);
+    drop(b);
+    let s = stats(g);
+    assert_eq!(
+        (s.cancelled, s.waiting_attempts, s.pending_attempts),
+        (1, 0, 0)
+    );
+    free(g, w);
+}
+
+#[test]
+fn an_answer_the_attempt_did_not_ask_for_is_refused_and_changes_nothing() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let mut a = begin(g, "s", -1, w, 0);
+    assert_eq!(a.kind(), KVGATE_STEP_PROBE_USAGE);
+    assert_eq!(a.prefix(0.5), KVGATE_OUT_OF_ORDER);
+    let msg = last_error();
+    assert!(
+        msg.contains("kvgate_attempt_answer_prefix") && msg.contains("kvgate_attempt_answer_usage"),
+        "{msg}"
+    );
+    assert_eq!(a.wake(), KVGATE_OUT_OF_ORDER);
+    assert_eq!(a.kind(), KVGATE_STEP_PROBE_USAGE, "unchanged");
+    assert_eq!(a.usage(0.1, 0), KVGATE_OK);
+    let lease = a.lease();
+    assert_eq!(a.usage(0.1, 0), KVGATE_OUT_OF_ORDER, "a step after the end");
+    assert!(last_error().contains("has ended"));
+    // SAFETY: a live gate.
+    assert_eq!(unsafe { kvgate_release(g, lease) }, KVGATE_OK);
+    drop(a);
+    free(g, w);
+}
+
+#[test]
+fn null_pointers_are_refused_with_the_argument_named() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let mut step = MaybeUninit::uninit();
+    let mut attempt = ptr::null_mut();
+    // SAFETY: every call passes NULL where it is refused before any access.
+    unsafe {
+        let s = b"s";
+        let null_gate = kvgate_attempt_begin(
+            ptr::null_mut(),
+            s.as_ptr(),
+            1,
+            1,
+            -1,
+            w,
+            0,
+            &mut attempt,
+            step.as_mut_ptr(),
+        );
+        assert_eq!(null_gate, KVGATE_INVALID_ARGUMENT);
+        assert!(last_error().contains("gate"));
+        let null_waker = kvgate_attempt_begin(
+            g,
+            s.as_ptr(),
+            1,
+            1,
+            -1,
+            ptr::null(),
+            0,
+            &mut attempt,
+            step.as_mut_ptr(),
+        );
+        assert_eq!(null_waker, KVGATE_INVALID_ARGUMENT);
+        assert!(last_error().contains("waker"));
+        let null_out = kvgate_attempt_begin(
+            g,
+            s.as_ptr(),
+            1,
+            1,
+            -1,
+            w,
+            0,
+            ptr::null_mut(),
+            step.as_mut_ptr(),
+        );
+        assert_eq!(null_out, KVGATE_INVALID_ARGUMENT);
+        assert!(last_error().contains("out_attempt"));
+        assert_eq!(
+            kvgate_attempt_wake(ptr::null_mut(), step.as_mut_ptr()),
+            KVGATE_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            kvgate_attempt_cancel(ptr::null_mut()),
+            KVGATE_INVALID_ARGUMENT
+        );
+        kvgate_attempt_free(ptr::null_mut());
+        kvgate_waker_free(ptr::null_mut());
+        let mut n = 0;
+        assert_eq!(
+            kvgate_waker_drain(w, ptr::null_mut(), 4, &mut n),
+            KVGATE_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("tags is NULL"));
+        assert_eq!(kvgate_waker_drain(w, ptr::null_mut(), 0, &mut n), KVGATE_OK);
+        assert_eq!(n, 0);
+        let (mut until, mut sleep) = (0, 0);
+        assert_eq!(
+            kvgate_tick(ptr::null_mut(), &mut until, &mut sleep),
+            KVGATE_INVALID_ARGUMENT
+        );
+    }
+    assert_eq!(stats(g).attempts, 0, "nothing began");
+    free(g, w);
+}
+
+#[test]
+fn a_zero_timeout_fails_after_one_pass_instead_of_sleeping() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let _held = admitted_open(g, "a", w);
+    let mut b = begin(g, "b", 0, w, 0);
+    assert_eq!(b.usage(0.95, 0), KVGATE_OK);
+    assert_eq!(b.prefix(0.0), KVGATE_OK);
+    assert_eq!(b.kind(), KVGATE_STEP_FAILED);
+    assert_eq!(b.step.status, KVGATE_TIMED_OUT);
+    assert_eq!(stats(g).timed_out, 1);
+    drop(b);
+    free(g, w);
+}
+
+#[test]
+fn a_probe_answer_may_come_from_another_thread() {
+    struct Send(*mut kvgate_attempt);
+    // SAFETY: attempts may be stepped from any thread, one call at a time.
+    unsafe impl std::marker::Send for Send {}
+    let (g, w) = (gate(false, 5.0), waker());
+    let a = begin(g, "s", -1, w, 0);
+    let handle = Send(a.attempt);
+    let step = std::thread::spawn(move || {
+        let handle = handle;
+        let mut step = MaybeUninit::uninit();
+        // SAFETY: a live attempt (the main thread waits for this one) and a writable out.
+        let status = unsafe {
+            kvgate_attempt_answer_usage(handle.0, 0.0, 50_000, 16, 1e5, step.as_mut_ptr())
+        };
+        assert_eq!(status, KVGATE_OK);
+        // SAFETY: written on KVGATE_OK.
+        unsafe { step.assume_init() }
+    })
+    .join()
+    .unwrap();
+    assert_eq!(step.kind, KVGATE_STEP_ADMITTED);
+    // SAFETY: a live gate.
+    assert_eq!(
+        unsafe { kvgate_release(g, step.admission.lease) },
+        KVGATE_OK
+    );
+    drop(a);
+    free(g, w);
+}
+
+#[test]
+fn a_drain_smaller_than_the_queue_leaves_the_descriptor_readable() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let _held = admitted_open(g, "a", w);
+    let sleepers: Vec<Driven> = (1..=3).map(|t| asleep(g, &format!("s{t}"), w, t)).collect();
+    // SAFETY: a live gate.
+    assert_eq!(unsafe { kvgate_close(g) }, KVGATE_OK);
+    let mut seen = drain(w, 2);
+    assert_eq!(seen.len(), 2);
+    assert!(readable(w), "one tag left");
+    seen.extend(drain(w, 2));
+    assert!(!readable(w));
+    seen.sort_unstable();
+    assert_eq!(seen, vec![1, 2, 3], "close wakes every sleeper");
+    for mut s in sleepers {
+        assert_eq!(s.wake(), KVGATE_OK);
+        assert_eq!(s.step.status, KVGATE_CLOSED);
+    }
+    free(g, w);
+}
+
+#[test]
+fn freeing_the_gate_ends_its_sleeping_attempts_with_closed() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let _held = admitted_open(g, "a", w);
+    let mut b = asleep(g, "b", w, 9);
+    // SAFETY: a live gate; the attempt keeps the gate's memory alive.
+    unsafe { kvgate_free(g) };
+    // Woken by the close, then again by the release of the lease `kvgate_free`
+    // releases: a tag may come more than once.
+    let mut tags = drain(w, 4);
+    tags.dedup();
+    assert_eq!(tags, vec![9]);
+    assert_eq!(b.wake(), KVGATE_OK);
+    assert_eq!(
+        (b.kind(), b.step.status),
+        (KVGATE_STEP_FAILED, KVGATE_CLOSED)
+    );
+    drop(b);
+    // SAFETY: the host's waker, freed once.
+    unsafe { kvgate_waker_free(w) };
+}
+
+#[test]
+fn a_closed_gate_refuses_new_attempts() {
+    let (g, w) = (gate(false, 5.0), waker());
+    // SAFETY: a live gate.
+    assert_eq!(unsafe { kvgate_close(g) }, KVGATE_OK);
+    let mut attempt = ptr::null_mut();
+    let mut step = MaybeUninit::uninit();
+    // SAFETY: live handles and writable outs.
+    let status = unsafe {
+        kvgate_attempt_begin(
+            g,
+            b"s".as_ptr(),
+            1,
+            1,
+            -1,
+            w,
+            0,
+            &mut attempt,
+            step.as_mut_ptr(),
+        )
+    };
+    assert_eq!(status, KVGATE_CLOSED);
+    assert!(attempt.is_null(), "nothing written");
+    free(g, w);
+}
+
+#[test]
+fn the_gate_timer_reports_a_grace_window_and_fires_it() {
+    let (g, w) = (gate(true, 5.0), waker());
+    let (mut until, mut sleep) = (0, 0);
+    // SAFETY: a live gate and writable outs.
+    assert_eq!(unsafe { kvgate_tick(g, &mut until, &mut sleep) }, KVGATE_OK);
+    assert_eq!((until, sleep), (u64::MAX, u64::MAX), "nothing pending");
+    // Resident prefix under pressure: the lease retains the session.
+    let mut a = begin(g, "a", -1, w, 0);
+    assert_eq!(a.usage(0.95, 0), KVGATE_OK);
+    assert_eq!(a.prefix(0.9), KVGATE_OK);
+    assert!(a.step.admission.retain_session);
+    let mut before = 0;
+    // SAFETY: live gate, writable outs.
+    unsafe {
+        assert_eq!(kvgate_now_ns(g, &mut before), KVGATE_OK);
+        assert_eq!(kvgate_release(g, a.lease()), KVGATE_OK);
+        assert_eq!(kvgate_tick(g, &mut until, &mut sleep), KVGATE_OK);
+    }
+    let window = 5_000_000_000;
+    assert!(
+        until >= before + window && until < before + 2 * window,
+        "{until} vs {before}"
+    );
+    assert!(sleep <= window && sleep > window / 2, "{sleep}");
+    assert_eq!(stats(g).reserved_in_grace, 1);
+    drop(a);
+    free(g, w);
+}
+
+/// Records the tags a callback waker is given (`user_data`).
+unsafe extern "C" fn record_tag(user_data: *mut c_void, tag: u64) {
+    // SAFETY: the test passes a live `Mutex<Vec<u64>>`.
+    let tags = unsafe { &*user_data.cast::<Mutex<Vec<u64>>>() };
+    tags.lock().unwrap().push(tag);
+}
+
+#[test]
+fn a_callback_waker_is_called_with_the_tag_and_has_no_descriptor() {
+    let tags = Mutex::new(Vec::<u64>::new());
+    let mut w = ptr::null_mut();
+    // SAFETY: a callback that obeys kvgate_wake_fn; `tags` outlives the waker's attempts.
+    unsafe {
+        assert_eq!(
+            kvgate_waker_new_callback(None, ptr::null_mut(), &mut w),
+            KVGATE_INVALID_ARGUMENT
+        );
+        let user_data = (&tags as *const Mutex<Vec<u64>>).cast_mut().cast();
+        assert_eq!(
+            kvgate_waker_new_callback(Some(record_tag), user_data, &mut w),
+            KVGATE_OK
+        );
+        let mut fd = 0;
+        assert_eq!(kvgate_waker_fd(w, &mut fd), KVGATE_INVALID_ARGUMENT);
+        let mut n = 0;
+        assert_eq!(
+            kvgate_waker_drain(w, ptr::null_mut(), 0, &mut n),
+            KVGATE_INVALID_ARGUMENT
+        );
+    }
+    let g = gate(true, 0.0);
+    let held = admitted_open(g, "a", w);
+    let mut b = asleep(g, "b", w, 42);
+    assert!(tags.lock().unwrap().is_empty());
+    // SAFETY: a live gate.
+    assert_eq!(unsafe { kvgate_release(g, held) }, KVGATE_OK);
+    assert_eq!(*tags.lock().unwrap(), vec![42]);
+    assert_eq!(b.wake(), KVGATE_OK);
+    assert_eq!(b.kind(), KVGATE_STEP_PROBE_USAGE);
+    drop(b);
+    free(g, w);
+}
