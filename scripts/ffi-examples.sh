@@ -124,6 +124,24 @@ run_and_expect cpp-host '^raii: lease [0-9]+ resident_prefix \(retains\)$' \
     '^threads: older preempted, newer cancelled, waiter after close closed$' \
     '^cpp host: [0-9]+ checks passed$' -- "$out/cpp/host"
 
+step "C++ engine-loop host (kvgate.hpp Waker/Attempt/Lease, one thread, epoll)"
+cpp_el_expect=('^working_set: misuse threw kvgate::Error \(out_of_order, invalid_argument\) with messages$'
+    '^working_set: 48 sessions x 4 turns admitted once each; .*\(threads: 1\)$'
+    '^working_set: retry preempted the sleeper \(num_preempted=1\); cancel\(\) and a dropped Attempt counted \(cancelled=2\)'
+    '^reference: 32 sessions x 4 turns admitted once each; .*\(threads: 1\)$'
+    '^reference: retry preempted the sleeper \(num_preempted=1\); cancel\(\) and a dropped Attempt counted \(cancelled=2\)'
+    '^raii: an untaken lease released by ~Attempt; closed gate -> closed$'
+    '^cpp engine loop: [0-9]+ checks passed$')
+run_and_expect cpp-engine-loop "${cpp_el_expect[@]}" -- "$out/cpp/engine_loop"
+grep -E 'woken through epoll' "$out/cpp-engine-loop.log"
+
+step "C++ engine-loop host with -fsanitize=address,undefined (libkvgate.a)"
+nm "$out/cpp/engine_loop-asan" >"$out/cpp/engine_loop-asan.nm"
+grep -q __asan_init "$out/cpp/engine_loop-asan.nm" || fail "engine_loop-asan is not instrumented"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_and_expect cpp-engine-loop-asan "${cpp_el_expect[@]}" -- "$out/cpp/engine_loop-asan"
+
 step "Python proxy (ctypes, asyncio)"
 run_and_expect python-proxy '^binding: layouts match the header' \
     '^wait: heartbeat ticked [0-9]+ times while a turn waited$' \
