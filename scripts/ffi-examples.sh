@@ -92,11 +92,55 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_and_expect c-host-asan "${c_expect[@]}" -- "$out/c/host-asan"
 
+step "C event-loop host (one thread, poll on the waker fd)"
+el_expect=('^working_set: misuse refused \(out_of_order, invalid_argument\) with messages$'
+    '^working_set: 64 sessions x 4 turns admitted once each; .*\(threads: 1\)$'
+    '^working_set: retry preempted the sleeping attempt \(num_preempted=1\), cancel counted \(cancelled=1\)$'
+    '^reference: 32 sessions x 4 turns admitted once each; .*\(threads: 1\)$'
+    '^reference: retry preempted the sleeping attempt \(num_preempted=1\), cancel counted \(cancelled=1\)$'
+    '^callback waker: no descriptor; the preempted sleeper.s tag came through the callback$'
+    '^c event loop: [0-9]+ checks passed$')
+run_and_expect c-event-loop "${el_expect[@]}" -- "$out/c/event_loop"
+grep -E 'woken through the fd' "$out/c-event-loop.log"
+
+step "C event-loop host under valgrind memcheck"
+run_and_expect c-event-loop-valgrind "${el_expect[@]}" 'ERROR SUMMARY: 0 errors' \
+    'definitely lost: 0 bytes|All heap blocks were freed' -- \
+    valgrind --tool=memcheck --leak-check=full --show-leak-kinds=all \
+    --errors-for-leak-kinds=all --suppressions=ffi-examples/c/valgrind.supp \
+    --error-exitcode=1 "$out/c/event_loop"
+grep -E 'lost:|still reachable:|suppressed:|All heap blocks|ERROR SUMMARY' "$out/c-event-loop-valgrind.log" | sed 's/^==[0-9]*== *//'
+
+step "C event-loop host with -fsanitize=address,undefined (libkvgate.a)"
+nm "$out/c/event_loop-asan" >"$out/c/event_loop-asan.nm"
+grep -q __asan_init "$out/c/event_loop-asan.nm" || fail "event_loop-asan is not instrumented"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_and_expect c-event-loop-asan "${el_expect[@]}" -- "$out/c/event_loop-asan"
+
 step "C++ host (kvgate.hpp, std::thread)"
 make -s -C ffi-examples/cpp OUT="$out/cpp"
 run_and_expect cpp-host '^raii: lease [0-9]+ resident_prefix \(retains\)$' \
     '^threads: older preempted, newer cancelled, waiter after close closed$' \
     '^cpp host: [0-9]+ checks passed$' -- "$out/cpp/host"
+
+step "C++ engine-loop host (kvgate.hpp Waker/Attempt/Lease, one thread, epoll)"
+cpp_el_expect=('^working_set: misuse threw kvgate::Error \(out_of_order, invalid_argument\) with messages$'
+    '^working_set: 48 sessions x 4 turns admitted once each; .*\(threads: 1\)$'
+    '^working_set: retry preempted the sleeper \(num_preempted=1\); cancel\(\) and a dropped Attempt counted \(cancelled=2\)'
+    '^reference: 32 sessions x 4 turns admitted once each; .*\(threads: 1\)$'
+    '^reference: retry preempted the sleeper \(num_preempted=1\); cancel\(\) and a dropped Attempt counted \(cancelled=2\)'
+    '^raii: an untaken lease released by ~Attempt; closed gate -> closed$'
+    '^cpp engine loop: [0-9]+ checks passed$')
+run_and_expect cpp-engine-loop "${cpp_el_expect[@]}" -- "$out/cpp/engine_loop"
+grep -E 'woken through epoll' "$out/cpp-engine-loop.log"
+
+step "C++ engine-loop host with -fsanitize=address,undefined (libkvgate.a)"
+nm "$out/cpp/engine_loop-asan" >"$out/cpp/engine_loop-asan.nm"
+grep -q __asan_init "$out/cpp/engine_loop-asan.nm" || fail "engine_loop-asan is not instrumented"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_and_expect cpp-engine-loop-asan "${cpp_el_expect[@]}" -- "$out/cpp/engine_loop-asan"
 
 step "Python proxy (ctypes, asyncio)"
 run_and_expect python-proxy '^binding: layouts match the header' \

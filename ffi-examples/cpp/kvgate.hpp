@@ -13,6 +13,14 @@
 //   kvgate::Error, which carries the status and kvgate_last_error().
 // - Probes are a C++ interface; exceptions thrown by a probe are caught at
 //   the C boundary and count as "unavailable" (nothing unwinds through C).
+// - Event loops: kvgate::Waker owns a wake descriptor (poll/epoll it, then
+//   drain()); Gate::begin gives a move-only kvgate::Attempt that the loop
+//   drives step by step (answer_usage, answer_prefix, wake) and whose
+//   destructor frees it, cancelling it if it has not ended; an admitted
+//   Attempt hands over its Lease with take_lease() (if never taken, the
+//   Attempt's destructor releases it). A step the attempt did not ask for
+//   throws Error with KVGATE_OUT_OF_ORDER; a failed attempt (preempted,
+//   timed out, cancelled, closed) is an ordinary step, not an exception.
 //
 // Everything here is inline (the header is included by several translation
 // units of one program). Thread-safety is the C API's: a Gate may be used
@@ -24,6 +32,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <new>
 #include <optional>
@@ -217,6 +226,25 @@ public:
         return status;
     }
 
+    /// Releases now with what the engine reported of the turn (the prompt
+    /// tokens served from its prefix cache, the tokens generated; nullopt
+    /// for unknown): working-set admission learns from them. A no-op for
+    /// an empty Lease. Returns the C status.
+    kvgate_status release_with_report(std::optional<uint64_t> cached_tokens,
+                                      std::optional<uint64_t> output_tokens) noexcept {
+        if (admission_.lease == KVGATE_NO_LEASE || !gate_) {
+            return KVGATE_UNKNOWN_LEASE;
+        }
+        auto c_figure = [](std::optional<uint64_t> v) {
+            return v ? static_cast<int64_t>(*v) : int64_t{-1};
+        };
+        kvgate_status status = kvgate_release_with_report(
+            gate_->get(), admission_.lease, c_figure(cached_tokens), c_figure(output_tokens));
+        admission_.lease = KVGATE_NO_LEASE;
+        gate_.reset();
+        return status;
+    }
+
     explicit operator bool() const noexcept { return admission_.lease != KVGATE_NO_LEASE; }
     uint64_t handle() const noexcept { return admission_.lease; }
     const kvgate_admission& admission() const noexcept { return admission_; }
@@ -224,6 +252,7 @@ public:
 
 private:
     friend class Gate;
+    friend class Attempt;
     Lease(std::shared_ptr<detail::GateState> gate, const kvgate_admission& admission) noexcept
         : gate_(std::move(gate)), admission_(admission) {}
 
@@ -237,6 +266,178 @@ struct Acquired {
     Lease lease;                       // holds the lease iff status == KVGATE_OK
     std::string error;                 // kvgate_last_error() when status != KVGATE_OK
     explicit operator bool() const noexcept { return status == KVGATE_OK; }
+};
+
+/// A wake channel for event-loop attempts: one descriptor per loop (an
+/// eventfd on Linux), readable when attempts have something to look at.
+/// Move-only. Attempts begun with it keep the C waker alive, so it may be
+/// destroyed before them (stop polling its descriptor first).
+class Waker {
+public:
+    Waker() {
+        kvgate_waker* raw = nullptr;
+        detail::check(kvgate_waker_new(&raw));
+        raw_.reset(raw);
+    }
+
+    /// The descriptor to poll for readability; owned by the waker.
+    int fd() const {
+        int32_t fd = -1;
+        detail::check(kvgate_waker_fd(raw_.get(), &fd));
+        return fd;
+    }
+
+    /// Appends every waiting tag to `out` (oldest first) and returns how
+    /// many; the descriptor is unreadable afterwards unless new tags came.
+    /// Tags may repeat or belong to attempts that moved on: ignore those.
+    size_t drain(std::vector<uint64_t>& out) const {
+        uint64_t buf[64];
+        size_t total = 0;
+        size_t n = 0;
+        do {
+            detail::check(kvgate_waker_drain(raw_.get(), buf, sizeof buf / sizeof buf[0], &n));
+            out.insert(out.end(), buf, buf + n);
+            total += n;
+        } while (n == sizeof buf / sizeof buf[0]);
+        return total;
+    }
+
+    const kvgate_waker* get() const noexcept { return raw_.get(); }
+
+private:
+    struct Free {
+        void operator()(kvgate_waker* w) const noexcept { kvgate_waker_free(w); }
+    };
+    std::unique_ptr<kvgate_waker, Free> raw_;
+};
+
+/// What the engine says of its KV capacity with a usage answer (0: unknown).
+struct EngineCapacity {
+    uint64_t tokens = 0;
+    uint32_t block_tokens = 0;
+    double prefill_tokens_per_sec = 0.0;
+};
+
+/// An attempt to be admitted, driven by the host's event loop step by step
+/// (Gate::begin). Move-only; the destructor frees it, cancelling it if it
+/// has not ended, and releases a lease it was admitted with and that was
+/// never taken. Keeps its gate alive. One thread at a time.
+class Attempt {
+public:
+    Attempt() noexcept = default;
+    Attempt(Attempt&& other) noexcept
+        : gate_(std::move(other.gate_)), raw_(std::exchange(other.raw_, nullptr)),
+          step_(other.step_), tag_(other.tag_), lease_(std::move(other.lease_)) {}
+    Attempt& operator=(Attempt&& other) noexcept {
+        if (this != &other) {
+            reset();
+            gate_ = std::move(other.gate_);
+            raw_ = std::exchange(other.raw_, nullptr);
+            step_ = other.step_;
+            tag_ = other.tag_;
+            lease_ = std::move(other.lease_);
+        }
+        return *this;
+    }
+    Attempt(const Attempt&) = delete;
+    Attempt& operator=(const Attempt&) = delete;
+    ~Attempt() { reset(); }
+
+    /// Whether this object holds an attempt (false once moved from).
+    explicit operator bool() const noexcept { return gate_ != nullptr; }
+
+    /// The newest step, and its parts.
+    const kvgate_step& step() const noexcept { return step_; }
+    kvgate_step_kind kind() const noexcept { return step_.kind; }
+    bool sleeping() const noexcept { return step_.kind == KVGATE_STEP_SLEEP; }
+    bool ended() const noexcept {
+        return step_.kind == KVGATE_STEP_ADMITTED || step_.kind == KVGATE_STEP_FAILED;
+    }
+    /// KVGATE_STEP_FAILED: why (PREEMPTED, TIMED_OUT, CANCELLED, CLOSED).
+    kvgate_status status() const noexcept { return step_.status; }
+    /// KVGATE_STEP_SLEEP: wake it by then at the latest (gate clock, ns).
+    uint64_t until_ns() const noexcept { return step_.until_ns; }
+    uint64_t tag() const noexcept { return tag_; }
+
+    /// Answers KVGATE_STEP_PROBE_USAGE (nullopt: unavailable). Throws Error
+    /// (KVGATE_OUT_OF_ORDER) if that is not the step.
+    const kvgate_step& answer_usage(std::optional<double> usage, EngineCapacity capacity = {}) {
+        kvgate_step next{};
+        detail::check(kvgate_attempt_answer_usage(
+            raw_, usage ? *usage : std::numeric_limits<double>::quiet_NaN(), capacity.tokens,
+            capacity.block_tokens, capacity.prefill_tokens_per_sec, &next));
+        return advance(next);
+    }
+
+    /// Answers KVGATE_STEP_PROBE_PREFIX (nullopt: unavailable).
+    const kvgate_step& answer_prefix(std::optional<double> hit_ratio) {
+        kvgate_step next{};
+        detail::check(kvgate_attempt_answer_prefix(
+            raw_, hit_ratio ? *hit_ratio : std::numeric_limits<double>::quiet_NaN(), &next));
+        return advance(next);
+    }
+
+    /// After KVGATE_STEP_SLEEP: its tag came, or until_ns() passed.
+    const kvgate_step& wake() {
+        kvgate_step next{};
+        detail::check(kvgate_attempt_wake(raw_, &next));
+        return advance(next);
+    }
+
+    /// Gives up on the turn (counted as cancelled); a no-op once ended. The
+    /// attempt takes no more steps; step() still shows the last one.
+    void cancel() { detail::check(kvgate_attempt_cancel(raw_)); }
+
+    /// After KVGATE_STEP_ADMITTED: the lease, once. Throws Error
+    /// (KVGATE_OUT_OF_ORDER) otherwise.
+    Lease take_lease() {
+        if (!lease_) {
+            throw Error(KVGATE_OUT_OF_ORDER, "Attempt::take_lease: the attempt holds no lease "
+                                             "(not admitted, or taken already)");
+        }
+        return std::move(lease_);
+    }
+
+private:
+    friend class Gate;
+    Attempt(std::shared_ptr<detail::GateState> gate, kvgate_attempt* raw, const kvgate_step& step,
+            uint64_t tag) noexcept
+        : gate_(std::move(gate)), raw_(raw), step_(step), tag_(tag) {
+        adopt_lease();
+    }
+
+    const kvgate_step& advance(const kvgate_step& next) noexcept {
+        step_ = next;
+        adopt_lease();
+        return step_;
+    }
+
+    void adopt_lease() noexcept {
+        if (step_.kind == KVGATE_STEP_ADMITTED) {
+            lease_ = Lease(gate_, step_.admission);
+        }
+    }
+
+    void reset() noexcept {
+        kvgate_attempt_free(raw_);  // cancels it if it has not ended; NULL is a no-op
+        raw_ = nullptr;
+        lease_.release();  // an admission nobody took is released, not leaked
+        gate_.reset();
+    }
+
+    std::shared_ptr<detail::GateState> gate_;
+    kvgate_attempt* raw_ = nullptr;
+    kvgate_step step_{KVGATE_STEP_FAILED, KVGATE_INVALID_ARGUMENT, 0, 0,
+                      {KVGATE_NO_LEASE, KVGATE_REASON_OPEN, 0.0, 0.0, 0.0, false, false}};
+    uint64_t tag_ = 0;
+    Lease lease_;
+};
+
+/// When to call Gate::tick again (both UINT64_MAX: nothing pending).
+struct Timer {
+    uint64_t until_ns = UINT64_MAX;  // gate clock
+    uint64_t sleep_ns = UINT64_MAX;  // from now
+    bool pending() const noexcept { return until_ns != UINT64_MAX; }
 };
 
 /// The admission gate: a shared, thread-safe handle.
@@ -274,6 +475,46 @@ public:
             detail::check(status);
         }
         return result;
+    }
+
+    /// Begins an event-loop attempt for a turn with a prompt of
+    /// `prompt_len` tokens; `waker` delivers `tag` while it sleeps. A closed
+    /// gate gives an Attempt already failed with KVGATE_CLOSED. Throws
+    /// Error only for misuse.
+    Attempt begin(std::string_view session, size_t prompt_len, const Waker& waker, uint64_t tag,
+                  std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
+        kvgate_attempt* raw = nullptr;
+        kvgate_step step{};
+        int64_t timeout_ms = timeout ? static_cast<int64_t>(timeout->count()) : -1;
+        if (timeout_ms < 0 && timeout) {
+            timeout_ms = 0;
+        }
+        kvgate_status status =
+            kvgate_attempt_begin(state_->get(), detail::bytes(session), session.size(),
+                                 prompt_len, timeout_ms, waker.get(), tag, &raw, &step);
+        if (status == KVGATE_CLOSED) {
+            step = kvgate_step{};
+            step.kind = KVGATE_STEP_FAILED;
+            step.status = KVGATE_CLOSED;
+            return Attempt(state_, nullptr, step, tag);
+        }
+        detail::check(status);
+        return Attempt(state_, raw, step, tag);
+    }
+
+    /// The gate's timer: fires what is due, says when to come back. Call it
+    /// after each drain and each release the loop makes.
+    Timer tick() const {
+        Timer t;
+        detail::check(kvgate_tick(state_->get(), &t.until_ns, &t.sleep_ns));
+        return t;
+    }
+
+    /// The gate's clock (the time base of until_ns), ns.
+    uint64_t now_ns() const {
+        uint64_t now = 0;
+        detail::check(kvgate_now_ns(state_->get(), &now));
+        return now;
     }
 
     /// Ends the session's ownership window; its final figures, or nullopt
