@@ -98,10 +98,13 @@ run_and_expect cpp-host '^raii: lease [0-9]+ resident_prefix \(retains\)$' \
     '^threads: older preempted, newer cancelled, waiter after close closed$' \
     '^cpp host: [0-9]+ checks passed$' -- "$out/cpp/host"
 
-step "Python proxy (ctypes, asyncio)"
+# The proxy uses the kvgate package (python/kvgate) from this checkout, with
+# the library just built; scripts/python-package.sh tests the installed wheel.
+step "Python proxy (the kvgate package, asyncio, no threads)"
 run_and_expect python-proxy '^binding: layouts match the header' \
     '^wait: heartbeat ticked [0-9]+ times while a turn waited$' \
+    '^cancel: the cancelled task.s attempt counted cancelled, no lease leaked$' \
     '^free: the waiting turn returned Closed$' '^python proxy: [0-9]+ checks passed$' -- \
-    env PYTHONDONTWRITEBYTECODE=1 python3 ffi-examples/python/proxy.py --lib "$libdir/libkvgate.so"
+    env PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$root/python" python3 ffi-examples/python/proxy.py --lib "$libdir/libkvgate.so"
 
 step "ffi examples passed"
