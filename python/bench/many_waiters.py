@@ -111,7 +111,11 @@ async def bench(n_waiters: int, handovers: int, members: int, prompt: int) -> No
 
     per_waiter = (rss1 - rss0) / n_waiters
     us = [x * 1e6 for x in latencies]
-    print(f"kvgate {kvgate.version()} · Python {platform.python_version()} · {cpu_model()} · {os.cpu_count()} cpus")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"kvgate {kvgate.version()} · Python {platform.python_version()} · {cpu_model()} · "
+        f"{os.cpu_count()} cpus · load average {load} (other work on the machine shows in the p99)"
+    )
     print(f"waiters: {n_waiters} sleeping in one loop (parked in {t_parked:.2f} s), working set of {members} members")
     print(f"threads: {threads_before} before, {threads_waiting} while waiting, {threads_after} after")
     print(f"memory: RSS +{(rss1 - rss0) / 2**20:.1f} MiB for {n_waiters} waiters = {per_waiter / 1024:.2f} KiB per waiter")
