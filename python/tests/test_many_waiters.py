@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 import kvgate
@@ -13,11 +14,17 @@ from conftest import PRESSURE, run, until
 N = 1000
 
 
+def os_threads() -> int:
+    """Threads of this process as the OS counts them (Python's and native ones)."""
+    return len(os.listdir("/proc/self/task"))
+
+
 def test_a_thousand_waiters_in_one_loop_without_threads(engine):
     engine.usage_value = PRESSURE
     engine.resident[b"hot"] = 1.0
     gate = kvgate.Gate(kvgate.Config(admission_mode="reference", wait_poll_sec=30), engine.probes())
     threads_before = threading.active_count()
+    os_threads_before = os_threads()
 
     async def main():
         holder = await gate.acquire("hot", [1] * 10)
@@ -31,6 +38,7 @@ def test_a_thousand_waiters_in_one_loop_without_threads(engine):
         tasks = [asyncio.create_task(turn(i)) for i in range(N)]
         await until(f"{N} attempts sleep", lambda: gate.stats().waiting_attempts == N)
         assert threading.active_count() == threads_before, "no thread per waiter (nor any)"
+        assert os_threads() == os_threads_before, "nor a native one"
         probes_while_waiting = engine.usage_calls
         await asyncio.sleep(0.1)
         assert engine.usage_calls == probes_while_waiting, "sleeping attempts do not poll"

@@ -218,3 +218,33 @@ def test_close_wakes_waiters_with_closed_and_refuses_new_ones(engine):
 
     run(main())
     gate.close()  # idempotent
+
+
+def test_one_gate_across_event_loops_and_a_close_from_another_thread(engine):
+    """Each loop gets its own waker; a loop that ended leaves nothing behind;
+    close() from a thread that is not the loop's reaches the loop's waiters."""
+    import threading
+
+    gate = kvgate.Gate(kvgate.Config(admission_mode="reference", wait_poll_sec=30), engine.probes())
+
+    async def one_turn():
+        async with gate.acquire("s", [1]) as lease:
+            return lease.reason
+
+    assert run(one_turn()) is Reason.OPEN
+    assert run(one_turn()) is Reason.OPEN  # a second asyncio.run: a new loop, a new driver
+    assert len(gate._drivers) == 1, "the first loop's driver was dropped"
+
+    engine.usage_value = PRESSURE
+
+    async def closed_from_a_thread():
+        waiting = asyncio.create_task(gate.acquire("w", [1]))
+        await until("the attempt sleeps", lambda: gate.stats().waiting_attempts == 1)
+        closer = threading.Thread(target=gate.close)
+        closer.start()
+        with pytest.raises(kvgate.Closed):
+            await asyncio.wait_for(waiting, 5)
+        closer.join()
+
+    run(closed_from_a_thread())
+    assert gate.closed
