@@ -12,6 +12,7 @@ package's tests run it on the shipped header (``kvgate/kvgate.h``);
 from __future__ import annotations
 
 import ctypes
+import pathlib
 import re
 import sys
 from typing import Dict, List, Tuple
@@ -185,8 +186,8 @@ def mismatches(header_text: str) -> List[str]:
 
 
 def main(argv: List[str]) -> int:
-    path = argv[1] if len(argv) > 1 else _ffi.HEADER
-    problems = mismatches(open(path).read())
+    path = pathlib.Path(argv[1]) if len(argv) > 1 else _ffi.HEADER
+    problems = mismatches(path.read_text())
     for p in problems:
         print(p)
     print(f"{path}: {'binding matches' if not problems else f'{len(problems)} mismatches'}")

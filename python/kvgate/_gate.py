@@ -41,7 +41,7 @@ from typing import (
 )
 
 from . import _ffi
-from ._errors import Closed, InvalidArgument, check, error_for
+from ._errors import Closed, check, error_for
 from ._ffi import AdmissionMode, Reason, Status, StepKind
 
 log = logging.getLogger("kvgate")
