@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test command needs and a fresh machine may lack: the
-# rustfmt and clippy components, and the system tools of the C ABI host
-# examples (scripts/ffi-examples.sh). Only what is missing is installed, so
+# rustfmt and clippy components, the system tools of the C ABI host
+# examples (scripts/ffi-examples.sh) and python3-venv for the Python package
+# (scripts/python-package.sh). Only what is missing is installed, so
 # a machine that has everything needs no network. Debian/Ubuntu (apt-get);
 # as root, or through sudo when it is there.
 set -euo pipefail
@@ -24,6 +25,11 @@ missing=()
 for entry in "${tools[@]}"; do
     command -v "${entry%%:*}" >/dev/null 2>&1 || missing+=("${entry#*:}")
 done
+# scripts/python-package.sh makes a venv: Debian's python3 needs python3-venv
+# for that (ensurepip).
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    missing+=(python3-venv)
+fi
 if ((${#missing[@]} == 0)); then
     exit 0
 fi

@@ -142,10 +142,13 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_and_expect cpp-engine-loop-asan "${cpp_el_expect[@]}" -- "$out/cpp/engine_loop-asan"
 
-step "Python proxy (ctypes, asyncio)"
+# The proxy uses the kvgate package (python/kvgate) from this checkout, with
+# the library just built; scripts/python-package.sh tests the installed wheel.
+step "Python proxy (the kvgate package, asyncio, no threads)"
 run_and_expect python-proxy '^binding: layouts match the header' \
     '^wait: heartbeat ticked [0-9]+ times while a turn waited$' \
+    '^cancel: the cancelled task.s attempt counted cancelled, no lease leaked$' \
     '^free: the waiting turn returned Closed$' '^python proxy: [0-9]+ checks passed$' -- \
-    env PYTHONDONTWRITEBYTECODE=1 python3 ffi-examples/python/proxy.py --lib "$libdir/libkvgate.so"
+    env PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$root/python" python3 ffi-examples/python/proxy.py --lib "$libdir/libkvgate.so"
 
 step "ffi examples passed"

@@ -1,0 +1,54 @@
+"""kvgate: a session-level admission gate for an LLM engine's turns.
+
+    import kvgate
+
+    gate = kvgate.Gate(kvgate.Config(admission_mode="working_set"),
+                       kvgate.Probes(usage=engine_usage, capacity=engine_capacity))
+    async with gate.acquire(session_id, prompt_ids) as lease:
+        result = await engine.generate(prompt_ids)
+        lease.release(cached_tokens=result.num_cached_tokens,
+                      output_tokens=len(result.output_ids))
+
+The library is the Rust crate's C ABI (libkvgate.so, bundled; or the one
+named by KVGATE_LIBRARY), reached through ctypes and checked against the
+shipped header kvgate/kvgate.h.
+"""
+
+from ._errors import (
+    AdmissionError,
+    BufferTooSmall,
+    Cancelled,
+    Closed,
+    InvalidArgument,
+    KvgateError,
+    NotFound,
+    OsError,
+    OutOfOrder,
+    Panic,
+    Preempted,
+    TimedOut,
+    UnknownLease,
+)
+from ._ffi import NO_LEASE, AdmissionMode, Reason, Status, StepKind, last_error, library_path, load, loaded_path
+from ._gate import (
+    Attempt,
+    Capacity,
+    Config,
+    Gate,
+    Lease,
+    Probes,
+    SessionStats,
+    Stats,
+    Waker,
+    version,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdmissionError", "AdmissionMode", "Attempt", "BufferTooSmall", "Cancelled", "Capacity",
+    "Closed", "Config", "Gate", "InvalidArgument", "KvgateError", "Lease", "NO_LEASE",
+    "NotFound", "OsError", "OutOfOrder", "Panic", "Preempted", "Probes", "Reason",
+    "SessionStats", "Stats", "Status", "StepKind", "TimedOut", "UnknownLease", "Waker",
+    "last_error", "library_path", "load", "loaded_path", "version",
+]

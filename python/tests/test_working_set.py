@@ -1,0 +1,75 @@
+"""Working-set mode (the default) through the asyncio driver: capacity from
+the capacity probe, waiting for room, the gate's own timer (kvgate_tick)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import kvgate
+from kvgate import Reason
+
+from conftest import run, until
+
+CAPACITY = kvgate.Capacity(tokens=1000, block_tokens=16, prefill_tokens_per_sec=4000.0)  # window 0.25 s
+
+
+def working_set_gate(engine):
+    engine.capacity_value = CAPACITY
+    engine.usage_value = 0.5
+    return kvgate.Gate(kvgate.Config(wait_poll_sec=30), engine.probes())
+
+
+def test_admission_and_capacity(engine):
+    gate = working_set_gate(engine)
+
+    async def main():
+        async with gate.acquire("a", 600) as lease:
+            assert lease.reason is Reason.EMPTY_WORKING_SET and lease.retain_session
+            s = gate.stats()
+            assert s.working_set_sessions == 1 and s.working_set_capacity_tokens == 1000
+        # A member between turns is admitted again at once (its place is kept).
+        async with gate.acquire("a", 650) as lease:
+            assert lease.reason is Reason.RESERVED_SESSION
+
+    run(main())
+    gate.close()
+
+
+def test_a_waiter_is_admitted_when_the_member_finishes(engine):
+    gate = working_set_gate(engine)
+
+    async def main():
+        member = await gate.acquire("a", 600)
+        waiter = asyncio.create_task(gate.acquire("b", 600))
+        await until("b waits for room", lambda: gate.stats().working_set_waiting_sessions == 1)
+        member.release(cached_tokens=0, output_tokens=10)
+        assert gate.finish_session("a") is not None  # a leaves the working set
+        lease = await asyncio.wait_for(waiter, 5)
+        assert lease.waited and lease.reason in (Reason.EMPTY_WORKING_SET, Reason.FITS_WORKING_SET)
+        lease.release()
+
+    run(main())
+    gate.close()
+
+
+def test_the_gate_timer_admits_a_waiter_when_a_window_ends(engine):
+    """Nobody releases or finishes anything after the member's release: the
+    member's window (0.25 s) ends on the gate's timer, which the driver arms
+    from kvgate_tick, and that wakes the waiter long before wait_poll_sec."""
+    gate = working_set_gate(engine)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        member = await gate.acquire("a", 600)
+        waiter = asyncio.create_task(gate.acquire("b", 600))
+        await until("b waits for room", lambda: gate.stats().working_set_waiting_sessions == 1)
+        member.release(cached_tokens=0, output_tokens=10)
+        released = loop.time()
+        lease = await asyncio.wait_for(waiter, 10)
+        waited = loop.time() - released
+        assert 0.2 <= waited < 5, waited
+        assert gate.stats().working_set_window_sec == 0.25
+        lease.release()
+
+    run(main())
+    gate.close()
