@@ -38,9 +38,14 @@ step "scripts/loom.sh"
 ./scripts/loom.sh
 
 # C ABI: header compiled alone, README C snippet, C (plain, valgrind,
-# ASan/UBSan), C++ and Python hosts. The header drift test is in cargo test.
+# ASan/UBSan), C++ and Python hosts, blocking and event-loop. The header drift test is in cargo test.
 step "./scripts/ffi-examples.sh"
 ./scripts/ffi-examples.sh
+
+# The Python package (python/): built and installed into a venv outside the
+# checkout, its tests against the installed wheel, a small benchmark run.
+step "scripts/python-package.sh"
+./scripts/python-package.sh
 
 # The simulator's main command on every scenario, outputs checked.
 step "scripts/sim-smoke.sh"
