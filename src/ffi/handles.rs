@@ -164,6 +164,15 @@ pub(crate) unsafe fn slice_arg<'a, T>(
     if len == 0 {
         return Ok(&[]);
     }
+    check_array(ptr, len, arg, len_arg)?;
+    // SAFETY: non-NULL, aligned, size within isize::MAX (checked); `len`
+    // initialised elements that stay unchanged for 'a (caller).
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// What every non-empty array argument must be before it is touched:
+/// non-NULL, aligned, and no larger than an allocation can be.
+fn check_array<T>(ptr: *const T, len: usize, arg: Arg, len_arg: Arg) -> Result<(), Failure> {
     if ptr.is_null() {
         return Err(Failure::invalid(format!(
             "{arg} is NULL but {len_arg} is {len}"
@@ -180,9 +189,7 @@ pub(crate) unsafe fn slice_arg<'a, T>(
             "{len_arg} ({len}) is larger than any array can be"
         )));
     }
-    // SAFETY: non-NULL, aligned, size within isize::MAX (checked); `len`
-    // initialised elements that stay unchanged for 'a (caller).
-    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+    Ok(())
 }
 
 /// The `(session_id, session_id_len)` pair most exports take.
@@ -384,22 +391,7 @@ pub(crate) unsafe fn slice_out_arg<'a, T: Copy>(
     if len == 0 {
         return Ok(&mut []);
     }
-    if ptr.is_null() {
-        return Err(Failure::invalid(format!(
-            "{arg} is NULL but {len_arg} is {len}"
-        )));
-    }
-    if !ptr.is_aligned() {
-        return Err(Failure::invalid(format!(
-            "{arg} ({ptr:p}) is not aligned to {} bytes",
-            align_of::<T>()
-        )));
-    }
-    if len > isize::MAX as usize / size_of::<T>().max(1) {
-        return Err(Failure::invalid(format!(
-            "{len_arg} ({len}) is larger than any array can be"
-        )));
-    }
+    check_array(ptr.cast_const(), len, arg, len_arg)?;
     // SAFETY: non-NULL, aligned, size within isize::MAX (checked); `len`
     // writable elements, exclusive for 'a (caller). The elements are plain
     // integers (`Copy`), so uninitialised memory is only written, never read
