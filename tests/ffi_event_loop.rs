@@ -612,3 +612,61 @@ fn a_callback_waker_is_called_with_the_tag_and_has_no_descriptor() {
     drop(b);
     free(g, w);
 }
+
+#[test]
+fn a_timeout_ends_a_sleeping_attempt_at_its_deadline_as_the_blocking_call_does() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let _held = admitted_open(g, "a", w);
+    let mut b = begin(g, "b", 30, w, 5);
+    assert_eq!(b.usage(0.95, 0), KVGATE_OK);
+    assert_eq!(b.prefix(0.0), KVGATE_OK);
+    assert_eq!(b.kind(), KVGATE_STEP_SLEEP);
+    assert!(
+        b.step.sleep_ns <= 30_000_000,
+        "the sleep ends at the timeout, not at the 60 s poll: {}",
+        b.step.sleep_ns
+    );
+    // Sleep as a loop would: on the descriptor, until the step's deadline.
+    let mut pfd = libc::pollfd {
+        fd: fd_of(w),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = b.step.sleep_ns.div_ceil(1_000_000) as i32 + 1;
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut pfd, 1, ms) }, 0, "nothing rang");
+    assert_eq!(b.wake(), KVGATE_OK);
+    assert_eq!(
+        (b.kind(), b.step.status),
+        (KVGATE_STEP_FAILED, KVGATE_TIMED_OUT)
+    );
+    let s = stats(g);
+    assert_eq!(
+        (s.timed_out, s.waiting_attempts, s.pending_attempts),
+        (1, 0, 0)
+    );
+    drop(b);
+    free(g, w);
+}
+
+#[test]
+fn an_attempt_preempted_while_its_probe_is_out_fails_when_the_answer_comes() {
+    let (g, w) = (gate(false, 5.0), waker());
+    let mut old = begin(g, "s", -1, w, 1);
+    assert_eq!(old.kind(), KVGATE_STEP_PROBE_USAGE);
+    // The engine's answer is still on its way when the session retries.
+    let mut newer = begin(g, "s", -1, w, 2);
+    assert_eq!(old.usage(0.0, 100_000), KVGATE_OK);
+    assert_eq!(
+        (old.kind(), old.step.status),
+        (KVGATE_STEP_FAILED, KVGATE_PREEMPTED)
+    );
+    assert_eq!(newer.usage(0.0, 100_000), KVGATE_OK);
+    let lease = newer.lease();
+    let s = stats(g);
+    assert_eq!((s.preempted, s.admissions), (1, 1));
+    // SAFETY: a live gate.
+    assert_eq!(unsafe { kvgate_release(g, lease) }, KVGATE_OK);
+    drop((old, newer));
+    free(g, w);
+}
