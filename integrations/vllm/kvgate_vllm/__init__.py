@@ -1,4 +1,5 @@
-"""kvgate for vLLM: the probes as engine-core utility methods, the gate inside
-`vllm serve`, and the ctypes binding they use (see the README, "kvgate in vLLM")."""
+"""kvgate for vLLM: the probes as engine-core utility methods and the gate
+inside `vllm serve`, over the `kvgate` Python package (see the README,
+"kvgate in vLLM")."""
 
-__all__ = ["ffi", "probes", "plugin"]
+__all__ = ["feedback", "knobs", "probes", "plugin", "serve"]

@@ -4,31 +4,40 @@ In the API server process, `install()` wraps `AsyncLLM.generate` (the one call
 every OpenAI endpoint makes per request) and adds a small ASGI middleware:
 
 - A request with a session id is admitted by kvgate before it reaches the engine
-  (`kvgate_acquire` in a thread; the probes are UTILITY calls to the engine that
-  will serve it) and its lease is released when the generator ends: finished,
-  failed, or aborted (a client disconnect cancels the generator: the waiting
-  acquire is cancelled with `kvgate_cancel_session`, an admitted lease released).
-  A request without a session id passes untouched.
+  and its lease is released when the generator ends: finished, failed, or
+  aborted. The admission is `await gate.acquire(...)` of the `kvgate` package,
+  in the server's own event loop: no executor, no thread per waiting turn. Its
+  probes are `async def`s awaiting the engine-core client's UTILITY calls
+  (`_call_utility_async(..., engine=)`) in that loop. A client disconnect
+  cancels the request's task: a waiting acquire is cancelled with it (the
+  attempt leaves kvgate's queue, counted as cancelled), an admitted lease is
+  released. A request without a session id passes untouched.
 - Session id, first found: vLLM's own (`session_id` request field, `X-Session-ID`
   header, `vllm_xargs.session_id`), then the headers in SESSION_HEADERS
   (override with KVGATE_VLLM_SESSION_HEADERS, comma-separated).
 - Session end: a final-turn header (FINAL_HEADERS, value true/1/yes) calls
-  `kvgate_finish_session` when that turn's lease is released; otherwise kvgate's
-  idle retention (`session_retention_sec`) forgets the session.
+  `finish_session` when that turn's lease is released; otherwise kvgate's idle
+  retention (`session_retention_sec`) forgets the session.
 - A second concurrent request of one session: kvgate keeps one waiting attempt
-  per session; a newer attempt supersedes a waiting older one, which is answered
-  HTTP 409 (a client that retried gets only its newest turn admitted). If the
-  older turn is already running, the newer one is admitted by the decision table
-  on its own (normally `reserved_session`: the session owns its window).
+  per session; a newer attempt supersedes a waiting older one, which ends with
+  `kvgate.Preempted` and is answered HTTP 409 (a client that retried gets only
+  its newest turn admitted). If the older turn is already running, the newer one
+  is admitted by the decision table on its own (normally `reserved_session`: the
+  session owns its window).
 - Data parallel (internal load balancer): one gate per engine. A session is
   pinned to an engine (the request's own `data_parallel_rank` if it has one,
   else a stable hash of the session id), the request is sent there, and its
   probes are targeted at that engine (`_call_utility_async(..., engine=)`), so no
   answer ever comes from a replica the turn will not run on.
+- Capacity (working-set admission): the gate's capacity probe answers the
+  engine's `kvgate_capacity` (num_gpu_blocks x block_size), asked once per
+  engine and cached (kvgate_vllm.feedback.capacity_of); a failed ask is asked
+  again by the next probe.
 - kvgate's Prometheus families (`kvgate_*`, label `engine`) are added to vLLM's
   `/metrics` registry.
-- Knobs: KVGATE_VLLM_CONFIG="high_watermark=0.2,idle_grace_sec=1" (any
-  kvgate_config_set_<knob>); unset knobs keep the library's defaults.
+- Knobs: KVGATE_VLLM_CONFIG="admission_mode=reference,high_watermark=0.2"
+  (kvgate.Config fields; kvgate_vllm.knobs); unset knobs keep the library's
+  defaults.
 """
 
 from __future__ import annotations
@@ -38,10 +47,11 @@ import contextvars
 import hashlib
 import logging
 import os
-import threading
 from typing import Any, AsyncGenerator, Optional
 
-from . import feedback, ffi
+import kvgate
+
+from . import feedback, knobs as knobs_mod
 
 logger = logging.getLogger("kvgate_vllm.serve")
 
@@ -55,6 +65,8 @@ SESSION_HEADERS = (
     "x-agent-session-id",
 )
 FINAL_HEADERS = ("x-dynamo-session-final", "x-session-final")
+#: A probe not answered within this is "unavailable" (kvgate then decides
+#: without it); the utility call's late answer is dropped by vLLM.
 PROBE_TIMEOUT_SEC = 30.0
 
 _headers: contextvars.ContextVar[Optional[dict[str, str]]] = contextvars.ContextVar("kvgate_headers", default=None)
@@ -68,17 +80,7 @@ def session_headers() -> tuple[str, ...]:
     return SESSION_HEADERS
 
 
-def parse_config(spec: str) -> dict[str, float | str]:
-    knobs: dict[str, float | str] = {}
-    for item in filter(None, (x.strip() for x in spec.split(","))):
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"KVGATE_VLLM_CONFIG: {item!r} is not knob=value")
-        try:
-            knobs[name.strip()] = float(value)
-        except ValueError:
-            knobs[name.strip()] = value.strip()
-    return knobs
+parse_config = knobs_mod.parse  # KVGATE_VLLM_CONFIG's syntax
 
 
 class HeaderMiddleware:
@@ -123,75 +125,105 @@ def engine_for(session: str, dp_size: int) -> int:
     return int.from_bytes(digest, "little") % dp_size
 
 
-class Gates:
-    """One kvgate gate per data-parallel engine, made on first use."""
+#: What a session's turn being admitted carries to its prefix probe: the
+#: LoRA adapter (name, id, path) and the cache_salt (vLLM hashes both into the
+#: prompt's block hashes).
+CacheKey = tuple[Optional[list], Optional[str]]
 
-    def __init__(self, llm: Any, loop: asyncio.AbstractEventLoop, knobs: Optional[dict[str, float | str]] = None) -> None:
-        """`llm`: an AsyncLLM (anything with `.engine_core`, a vLLM engine-core client);
-        `loop`: the event loop that client runs on; `knobs`: kvgate config (default:
-        KVGATE_VLLM_CONFIG)."""
+
+class Gates:
+    """One kvgate.Gate per data-parallel engine, made on first use. Used only
+    from the server's event loop (the one the engine-core client runs on)."""
+
+    def __init__(self, llm: Any, knobs: Optional[knobs_mod.Knobs] = None) -> None:
+        """`llm`: an AsyncLLM (anything with `.engine_core`, a vLLM engine-core
+        client); `knobs`: kvgate's knobs (default: KVGATE_VLLM_CONFIG)."""
         self.llm = llm
-        self.loop = loop
         self.knobs = parse_config(os.environ.get("KVGATE_VLLM_CONFIG", "")) if knobs is None else knobs
+        self.config = knobs_mod.config(self.knobs)  # a bad knob fails here, at the first gated request
         client = llm.engine_core
         self.engines = list(getattr(client, "core_engines", None) or [None])
-        self.gates: dict[int, ffi.AsyncGate] = {}
-        # The LoRA / cache_salt of each session's turn being admitted, for its prefix
-        # probe (kvgate keeps at most one waiting attempt per session).
-        self.keys: dict[bytes, tuple[Optional[list], Optional[str]]] = {}
-        self.lock = threading.Lock()
+        self.gates: dict[int, kvgate.Gate] = {}
+        # The LoRA / cache_salt of each session's turn being admitted, for its
+        # prefix probe (kvgate keeps at most one waiting attempt per session).
+        self.keys: dict[bytes, CacheKey] = {}
+        # The engine's kvgate_capacity answer, per engine (asked once).
+        self.capacities: dict[int, kvgate.Capacity] = {}
+        self._capacity_asks: dict[int, asyncio.Future] = {}
 
     @property
     def dp_size(self) -> int:
         return len(self.engines)
 
-    def _utility(self, rank: int, method: str, *args: Any) -> Any:
+    async def _utility(self, rank: int, method: str, *args: Any) -> Any:
+        """A UTILITY call to engine `rank`, awaited in this loop."""
         client = self.llm.engine_core
         engine = self.engines[rank]
         if engine is None or not hasattr(client, "_call_utility_async"):
-            coro = client.call_utility_async(method, *args)
+            call = client.call_utility_async(method, *args)
         else:
-            coro = client._call_utility_async(method, *args, engine=engine)
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(PROBE_TIMEOUT_SEC)
+            call = client._call_utility_async(method, *args, engine=engine)
+        return await asyncio.wait_for(call, PROBE_TIMEOUT_SEC)
 
-    def gate(self, rank: int) -> ffi.AsyncGate:
-        with self.lock:
-            if rank not in self.gates:
-                g = ffi.Gate(
-                    self.knobs,
-                    usage=lambda sid, r=rank: self._utility(r, "kvgate_usage"),
-                    prefix=lambda sid, ids, r=rank: self._prefix(r, sid, ids),
-                )
-                self.gates[rank] = ffi.AsyncGate(g)
-            return self.gates[rank]
+    def gate(self, rank: int) -> kvgate.Gate:
+        g = self.gates.get(rank)
+        if g is None:
+            g = self.gates[rank] = kvgate.Gate(self.config, self._probes(rank))
+        return g
 
-    def _prefix(self, rank: int, sid: bytes, ids: list[int]) -> Optional[float]:
-        lora, salt = self.keys.get(sid, (None, None))
-        hit, n = self._utility(rank, "kvgate_prefix", ids, lora, salt, sid.decode("utf-8", "replace"))
-        return hit / n if n else None
+    def _probes(self, rank: int) -> kvgate.Probes:
+        async def usage(session: bytes) -> float:
+            return float(await self._utility(rank, "kvgate_usage"))
 
-    async def report_capacity(self, rank: int) -> None:
-        client = self.llm.engine_core
-        engine = self.engines[rank]
-        cap = await (client._call_utility_async("kvgate_capacity", engine=engine) if engine is not None else client.call_utility_async("kvgate_capacity"))
-        feedback.report_capacity(self.gates[rank].gate, cap)
+        async def capacity(session: bytes) -> Optional[kvgate.Capacity]:
+            return await self.capacity(rank)
+
+        async def prefix(session: bytes, ids: list[int]) -> Optional[float]:
+            lora, salt = self.keys.get(session, (None, None))
+            hit, n = await self._utility(rank, "kvgate_prefix", list(ids), lora, salt, session.decode("utf-8", "replace"))
+            return hit / n if n else None
+
+        return kvgate.Probes(usage=usage, capacity=capacity, prefix=prefix)
+
+    async def capacity(self, rank: int) -> Optional[kvgate.Capacity]:
+        """The engine's KV capacity: asked once (concurrent first probes share
+        the one ask), then cached; a failed ask is asked again next time."""
+        known = self.capacities.get(rank)
+        if known is not None:
+            return known
+        ask = self._capacity_asks.get(rank)
+        if ask is None:
+            ask = self._capacity_asks[rank] = asyncio.ensure_future(self._utility(rank, "kvgate_capacity"))
+            ask.add_done_callback(_retrieved)  # a failure nobody awaits any more is not "never retrieved"
+        try:
+            # shield: a probe cancelled with its request leaves the ask to the others
+            answer = await asyncio.shield(ask)
+        finally:
+            if ask.done() and self._capacity_asks.get(rank) is ask:
+                del self._capacity_asks[rank]  # answered, failed or cancelled: the next probe asks again if need be
+        cap = feedback.capacity_of(answer)
+        if cap is not None:
+            self.capacities[rank] = cap
+        return cap
 
     def metrics_text(self) -> list[tuple[int, str]]:
-        with self.lock:
-            gates = list(self.gates.items())
-        return [(rank, g.gate.metrics_text()) for rank, g in gates]
+        gates = list(self.gates.items())
+        return [(rank, g.metrics_text()) for rank, g in gates if not g.closed]
+
+
+def _retrieved(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 _gates: Optional[Gates] = None
-_gates_lock = threading.Lock()
 
 
 def gates_for(llm: Any) -> Gates:
     global _gates
-    with _gates_lock:
-        if _gates is None:
-            _gates = Gates(llm, asyncio.get_running_loop())
-        return _gates
+    if _gates is None:
+        _gates = Gates(llm)
+    return _gates
 
 
 class Superseded(Exception):
@@ -209,6 +241,12 @@ def _superseded_error(message: str) -> Exception:
         return Superseded(message)
 
 
+def _cache_key(prompt: Any, kwargs: dict[str, Any]) -> CacheKey:
+    lora = kwargs.get("lora_request")
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else getattr(prompt, "cache_salt", None)
+    return ([lora.lora_name, lora.lora_int_id, lora.lora_path] if lora else None), salt
+
+
 def _wrap_generate(original: Any) -> Any:
     async def generate(self: Any, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
         sid, final = session_of(kwargs.get("session_id"))
@@ -222,22 +260,18 @@ def _wrap_generate(original: Any) -> Any:
             rank = engine_for(sid, gates.dp_size) if gates.dp_size > 1 else 0
             if gates.dp_size > 1:
                 kwargs["data_parallel_rank"] = rank
-        new_gate = rank not in gates.gates
-        agate = gates.gate(rank)
-        if new_gate:
-            await gates.report_capacity(rank)
-        lora = kwargs.get("lora_request")
-        salt = prompt.get("cache_salt") if isinstance(prompt, dict) else getattr(prompt, "cache_salt", None)
+        gate = gates.gate(rank)
         session = sid.encode()
-        gates.keys[session] = ([lora.lora_name, lora.lora_int_id, lora.lora_path] if lora else None, salt)
+        key = gates.keys[session] = _cache_key(prompt, kwargs)
         try:
-            admission = await agate.acquire(session, prompt_ids(prompt))
-        except ffi.NotAdmitted as e:
-            if e.status == ffi.Status.PREEMPTED:
-                raise _superseded_error(f"kvgate: turn superseded by a newer request of session {sid!r}") from e
-            raise
+            # In this task, in the server's loop: a cancelled task (client gone)
+            # cancels the attempt; no lease exists then.
+            lease = await gate.acquire(session, prompt_ids(prompt))
+        except kvgate.Preempted as e:
+            raise _superseded_error(f"kvgate: turn superseded by a newer request of session {sid!r}") from e
         finally:
-            gates.keys.pop(session, None)
+            if gates.keys.get(session) is key:  # not a newer turn's key
+                del gates.keys[session]
         figures: Optional[feedback.TurnFigures] = None
         try:
             async for out in original(self, prompt, sampling_params, request_id, *args, **kwargs):
@@ -245,9 +279,9 @@ def _wrap_generate(original: Any) -> Any:
                     figures = feedback.figures_of(out)
                 yield out
         finally:
-            feedback.release(agate.gate, admission.lease, figures)
-            if final:
-                agate.gate.finish_session(session)
+            feedback.release(lease, figures)
+            if final and not gate.closed:
+                gate.finish_session(session)
 
     generate.__wrapped__ = original  # type: ignore[attr-defined]
     generate._kvgate = True  # type: ignore[attr-defined]
@@ -280,6 +314,8 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    # A bad KVGATE_VLLM_CONFIG fails at start-up, not at the first gated request.
+    knobs_mod.config(parse_config(os.environ.get("KVGATE_VLLM_CONFIG", "")))
     _installed = True
     from vllm.v1.engine.async_llm import AsyncLLM
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import time
 from typing import Any, Callable, Iterator
 
+import kvgate
 import openai
 import pytest
 
@@ -31,6 +33,19 @@ def gated(tmp_path_factory: Any) -> Iterator[Server]:
     # turn runs (for the abort check): these tests are about the plumbing.
     log = tmp_path_factory.mktemp("serve") / "gated.log"
     srv = Server(gate=True, config="admission_mode=reference,high_watermark=0.05,wait_poll_sec=60", log_path=str(log))
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def default(tmp_path_factory: Any) -> Iterator[Server]:
+    # The library's defaults: working-set admission, which needs the engine's
+    # capacity (the async capacity probe) and each turn's figures.
+    log = tmp_path_factory.mktemp("serve") / "default.log"
+    srv = Server(gate=True, log_path=str(log))
     try:
         srv.wait_ready()
         yield srv
@@ -98,11 +113,15 @@ def test_the_final_turn_header_finishes_the_session(gated: Server) -> None:
     assert metric(gated.metrics(), "kvgate_sessions_finished_total") == before + 1
 
 
-def open_stream(srv: Server, prompt: list[int], n: int, session: str) -> http.client.HTTPConnection:
-    """Starts a streaming completion on a raw connection and returns it unread."""
+def open_stream(srv: Server, prompt: list[int], n: int, session: str | None) -> http.client.HTTPConnection:
+    """Starts a streaming completion on a raw connection and returns it unread
+    (session None: without a session id, so not gated)."""
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=PATIENCE_SEC)
     body = json.dumps({"model": srv.model, "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True, "stream": True})
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json", "X-Session-ID": session})
+    headers = {"Content-Type": "application/json"}
+    if session is not None:
+        headers["X-Session-ID"] = session
+    conn.request("POST", "/v1/completions", body, headers)
     return conn
 
 
@@ -158,3 +177,54 @@ def test_a_newer_request_of_a_session_supersedes_its_waiting_one(gated: Server) 
     a.close()
     wait_for("no lease is left", lambda: metric(gated.metrics(), "kvgate_active_leases") == 0)
     wait_for("no attempt waits", lambda: metric(gated.metrics(), "kvgate_waiting_attempts") == 0)
+
+
+def threads_of(srv: Server) -> int:
+    return len(os.listdir(f"/proc/{srv.proc.pid}/task"))
+
+
+def test_waiting_turns_cost_no_thread(gated: Server) -> None:
+    # The acquire is awaited in the server's event loop (probes are awaited
+    # utility calls): eight turns waiting at once add no thread to the API
+    # server process (the thread-executor design added one per waiting turn).
+    rng = random.Random(11)
+    # Eight concurrent requests without a session first: vLLM's own lazily made
+    # pools exist after them (these requests do not reach the gate, so they do
+    # not warm anything of the gate's).
+    warm = [open_stream(gated, random_prompt(rng, 100), 4, None) for _ in range(8)]
+    for conn in warm:
+        conn.getresponse().read()
+        conn.close()
+    a = open_stream(gated, random_prompt(rng, 2000), 4000, "agent-threads-busy")
+    resp = a.getresponse()
+    resp.fp.readline()  # A runs, above the watermark
+    wait_for("A holds a lease", lambda: metric(gated.metrics(), "kvgate_active_leases") == 1)
+    before = threads_of(gated)
+    waiters = [open_stream(gated, random_prompt(rng, 200), 4, f"agent-threads-{i}") for i in range(8)]
+    wait_for("eight turns wait", lambda: metric(gated.metrics(), "kvgate_waiting_attempts") == 8)
+    during = threads_of(gated)
+    for conn in waiters:
+        conn.close()
+    a.close()
+    wait_for("no attempt waits", lambda: metric(gated.metrics(), "kvgate_waiting_attempts") == 0)
+    wait_for("no lease is left", lambda: metric(gated.metrics(), "kvgate_active_leases") == 0)
+    assert during <= before, f"{before} threads before, {during} with eight turns waiting"
+
+
+def test_working_set_admission_learns_the_engines_capacity(default: Server) -> None:
+    rng = random.Random(12)
+    prompt = random_prompt(rng, 300)
+    for turn in range(2):
+        out = complete(default, prompt, 8, {"X-Session-ID": "agent-ws"})
+        prompt = prompt + list(out.choices[0].token_ids) + random_prompt(rng, 50)
+    text = default.metrics()
+    # 400 blocks of 32 tokens (kvgate_vllm.server), from the engine's kvgate_capacity
+    assert metric(text, "kvgate_working_set_capacity_tokens") == 400 * 32
+    by_reason = {r.name.lower(): metric(text, "kvgate_admissions_total", reason=r.name.lower()) for r in kvgate.Reason}
+    assert sum(by_reason.values()) == metric(text, "kvgate_admissions_all_total") == 2
+    # the first turn joined the working set; the second came back as a member
+    # (reserved_session) or joined again; the seed's rows never ran
+    assert by_reason["fits_working_set"] + by_reason["empty_working_set"] >= 1, by_reason
+    assert by_reason["open"] == by_reason["resident_prefix"] == by_reason["prefix_probe_unavailable"] == 0, by_reason
+    assert metric(text, "kvgate_active_leases") == 0
+    assert metric(text, "kvgate_working_set_tokens") > 0  # the released turns' footprints, from their reports
