@@ -51,7 +51,58 @@
 //! until that attempt collects it, or withdrawn with the attempt.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::Hash;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+
+/// The hasher of the working set's maps. Its keys come hashed already: the
+/// ledger's `SessionId` writes the session table's keyed hash (one
+/// `write_u64`), and hashing that again with SipHash cost ~130 instructions
+/// per lookup, a third of a turn's cost in this mode (about 20 lookups per
+/// acquire + release; `benches/instructions.rs`, `open_1t/working_set/hot`).
+/// One multiply-rotate step (FxHash's) per word spreads it over the bits
+/// hashbrown uses; other keys (the tests' `&str`, `u8`) get plain FxHash.
+#[derive(Debug, Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl KeyHasher {
+    const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::SEED);
+    }
+}
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            self.add(u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type KeyMap<K, V> = HashMap<K, V, BuildHasherDefault<KeyHasher>>;
 
 /// What the engine says about its KV cache (the capacity probe).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -175,6 +226,46 @@ struct Member {
     joined: u64,
 }
 
+/// The members between turns, ordered two ways: by release (the next the
+/// cache evicts, the next to park, and the oldest behind the ghost count)
+/// and by the end of their window (the next to expire). Keys include
+/// `joined`, unique per membership, so equal times never collide. Kept in
+/// step with `members` by [`IdleIndex::remove`] before a member changes
+/// and [`IdleIndex::insert`] after: each lookup is then O(log n), not a
+/// scan of every member on every turn.
+#[derive(Debug)]
+struct IdleIndex<K> {
+    by_release: BTreeMap<(u64, u64), K>,
+    by_window: BTreeMap<(u64, u64), K>,
+}
+
+impl<K: Clone> IdleIndex<K> {
+    fn new() -> Self {
+        Self {
+            by_release: BTreeMap::new(),
+            by_window: BTreeMap::new(),
+        }
+    }
+
+    /// Indexes `m` if it is between turns.
+    fn insert(&mut self, key: &K, m: &Member) {
+        if m.in_flight == 0 {
+            self.by_release
+                .insert((m.released_at, m.joined), key.clone());
+            self.by_window
+                .insert((m.window_until, m.joined), key.clone());
+        }
+    }
+
+    /// Drops `m` as it was indexed (nothing if it was in flight).
+    fn remove(&mut self, m: &Member) {
+        if m.in_flight == 0 {
+            self.by_release.remove(&(m.released_at, m.joined));
+            self.by_window.remove(&(m.window_until, m.joined));
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Class {
     /// Parked or out of window: re-enters ahead of new sessions.
@@ -237,10 +328,12 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     engine: EngineCapacity,
     /// Capacity estimate, tokens; `None` while the engine's is unknown.
     estimate: Option<f64>,
-    members: HashMap<K, Member>,
+    members: KeyMap<K, Member>,
+    /// The members between turns, by release and by window end.
+    idle: IdleIndex<K>,
     /// Members' own tokens (the shared prefix excluded), summed.
     own_sum: u64,
-    sessions: HashMap<K, History>,
+    sessions: KeyMap<K, History>,
     queue: BTreeMap<(Class, u64), K>,
     next_seq: u64,
     /// Departed sessions: (released at, own tokens, session), oldest first.
@@ -262,9 +355,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             tuning,
             engine: EngineCapacity::default(),
             estimate: None,
-            members: HashMap::new(),
+            members: KeyMap::default(),
+            idle: IdleIndex::new(),
             own_sum: 0,
-            sessions: HashMap::new(),
+            sessions: KeyMap::default(),
             queue: BTreeMap::new(),
             next_seq: 0,
             ghosts: VecDeque::new(),
@@ -362,11 +456,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     fn oldest_idle_release(&self) -> Option<u64> {
-        self.members
-            .values()
-            .filter(|m| m.in_flight == 0)
-            .map(|m| m.released_at)
-            .min()
+        self.idle
+            .by_release
+            .keys()
+            .next()
+            .map(|(released, _)| *released)
     }
 
     /// Ghosts freed after the oldest member between turns still hold the
@@ -496,7 +590,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let footprint = self.footprint(key, prompt_len);
         self.own_sum += self.own(key, footprint);
         self.next_seq += 1;
-        self.members.insert(
+        let before = self.members.insert(
             key.clone(),
             Member {
                 footprint,
@@ -506,6 +600,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 joined: self.next_seq,
             },
         );
+        debug_assert!(before.is_none(), "only a non-member joins");
         let h = self
             .sessions
             .get_mut(key)
@@ -520,6 +615,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let m = self.members.get(key).expect("a member");
         let own_old = self.own(key, m.footprint);
         let m = self.members.get_mut(key).expect("a member");
+        self.idle.remove(m);
         m.in_flight += 1;
         m.window_until = u64::MAX;
         if footprint > m.footprint {
@@ -539,6 +635,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if h.grant.take().is_some() {
             // It never ran: nothing of it is cached beyond what was before.
             if let Some(m) = self.members.remove(key) {
+                self.idle.remove(&m);
                 self.own_sum -= self.own(key, m.footprint);
             }
             self.prune_ghosts();
@@ -579,12 +676,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             let own_new = self.own(key, footprint);
             self.own_sum = self.own_sum - own_old + own_new;
             let m = self.members.get_mut(key).expect("a member");
+            self.idle.remove(m);
             m.footprint = footprint;
             m.in_flight = m.in_flight.saturating_sub(1);
             if m.in_flight == 0 {
                 m.released_at = now;
                 m.window_until = now.saturating_add(window);
             }
+            self.idle.insert(key, m);
         }
         self.expire(now);
         self.shrink_to_fit(now, None);
@@ -650,6 +749,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 
     fn leave(&mut self, key: &K, now: u64, returning: bool) {
         if let Some(m) = self.members.remove(key) {
+            self.idle.remove(&m);
             let own = self.own(key, m.footprint);
             self.own_sum -= own;
             let released = if m.in_flight > 0 { now } else { m.released_at };
@@ -665,11 +765,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Parks the member between turns released longest ago (never `keep`).
     fn park_lru(&mut self, now: u64, keep: Option<&K>) -> bool {
         let victim = self
-            .members
-            .iter()
-            .filter(|(k, m)| m.in_flight == 0 && Some(*k) != keep)
-            .min_by_key(|(_, m)| (m.released_at, m.joined))
-            .map(|(k, _)| k.clone());
+            .idle
+            .by_release
+            .values()
+            .find(|k| Some(*k) != keep)
+            .cloned();
         let Some(victim) = victim else {
             return false;
         };
@@ -684,13 +784,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 
     /// Ends the windows that are over at `now`.
     pub fn expire(&mut self, now: u64) {
-        let over: Vec<K> = self
-            .members
-            .iter()
-            .filter(|(_, m)| m.in_flight == 0 && m.window_until <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in over {
+        // Leaving drops the member from the index: each pass makes progress.
+        while let Some(key) = self
+            .idle
+            .by_window
+            .first_key_value()
+            .filter(|((until, _), _)| *until <= now)
+            .map(|(_, key)| key.clone())
+        {
             self.leave(&key, now, true);
         }
     }
@@ -698,12 +799,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// When this working set next changes by itself: the earliest window
     /// end, or the queue head reaching the wait bound.
     pub fn next_deadline(&self) -> Option<u64> {
-        let window = self
-            .members
-            .values()
-            .filter(|m| m.in_flight == 0)
-            .map(|m| m.window_until)
-            .min();
+        let window = self.idle.by_window.keys().next().map(|(until, _)| *until);
         // A head already past its bound waits for a release, not a time.
         let bound = self
             .queue
@@ -740,6 +836,26 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// and a member, the queue and the sessions agree.
     #[doc(hidden)]
     pub fn audit(&self) -> Result<(), String> {
+        let idle: Vec<(&K, &Member)> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.in_flight == 0)
+            .collect();
+        if idle.len() != self.idle.by_release.len() || idle.len() != self.idle.by_window.len() {
+            return Err(format!(
+                "{} members between turns but {} / {} indexed",
+                idle.len(),
+                self.idle.by_release.len(),
+                self.idle.by_window.len()
+            ));
+        }
+        for (k, m) in idle {
+            if self.idle.by_release.get(&(m.released_at, m.joined)) != Some(k)
+                || self.idle.by_window.get(&(m.window_until, m.joined)) != Some(k)
+            {
+                return Err("a member between turns is indexed wrongly".into());
+            }
+        }
         let sum: u64 = self
             .members
             .iter()
@@ -816,9 +932,15 @@ fn own_window(gaps: &VecDeque<u64>, refill: u64) -> u64 {
     if gaps.len() < GAPS_TO_JUDGE {
         return refill;
     }
-    let mut sorted: Vec<u64> = gaps.iter().copied().collect();
+    // On the stack: this runs at every release.
+    let mut sorted = [0u64; GAP_SAMPLES];
+    let n = gaps.len().min(GAP_SAMPLES);
+    for (slot, gap) in sorted.iter_mut().zip(gaps) {
+        *slot = *gap;
+    }
+    let sorted = &mut sorted[..n];
     sorted.sort_unstable();
-    if sorted[sorted.len() / 2] > refill {
+    if sorted[n / 2] > refill {
         0
     } else {
         refill
