@@ -51,58 +51,16 @@
 //! until that attempt collects it, or withdrawn with the attempt.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::Hash;
 
-/// The hasher of the working set's maps. Its keys come hashed already: the
-/// ledger's `SessionId` writes the session table's keyed hash (one
-/// `write_u64`), and hashing that again with SipHash cost ~130 instructions
-/// per lookup, a third of a turn's cost in this mode (about 20 lookups per
-/// acquire + release; `benches/instructions.rs`, `open_1t/working_set/hot`).
-/// One multiply-rotate step (FxHash's) per word spreads it over the bits
-/// hashbrown uses; other keys (the tests' `&str`, `u8`) get plain FxHash.
-#[derive(Debug, Default, Clone, Copy)]
-struct KeyHasher(u64);
-
-impl KeyHasher {
-    const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::SEED);
-    }
-}
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            self.add(u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type KeyMap<K, V> = HashMap<K, V, BuildHasherDefault<KeyHasher>>;
+/// The working set's maps hash with FxHash (rustc-hash): its keys come
+/// hashed already (the ledger's `SessionId` writes the session table's keyed
+/// hash, one `write_u64`), and SipHash over that again cost ~130
+/// instructions per lookup, a third of a turn's cost in this mode (about 20
+/// lookups per acquire + release; `benches/instructions.rs`,
+/// `open_1t/working_set/hot`). Fx's multiply spreads the word over the bits
+/// hashbrown uses.
+type KeyMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
 
 /// What the engine says about its KV cache (the capacity probe).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -224,6 +182,9 @@ struct Member {
     /// Order of joining: breaks ties between equal release times, so that
     /// the choice never depends on the hash map's order.
     joined: u64,
+    /// What its next turn will add (`WorkingSet::next_turn_growth`), as
+    /// last estimated: kept free for it before anyone joins.
+    reserve: u64,
 }
 
 /// The members between turns, ordered two ways: by release (the next the
@@ -278,6 +239,9 @@ struct History {
     turns: u32,
     last_prompt: u64,
     last_output: u64,
+    /// What its turns add to the prompt beyond its own output (the tool
+    /// results): a running mean, 0 until its second turn shows one.
+    growth: f64,
     /// What this session shares with others: its first turn's cached tokens.
     shared_credit: u64,
     /// When its last turn ended, and whether its next request is yet to come.
@@ -333,6 +297,8 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     idle: IdleIndex<K>,
     /// Members' own tokens (the shared prefix excluded), summed.
     own_sum: u64,
+    /// Members' reserves (what their next turns will add), summed.
+    reserve_sum: u64,
     sessions: KeyMap<K, History>,
     queue: BTreeMap<(Class, u64), K>,
     next_seq: u64,
@@ -342,6 +308,8 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     /// Prefill rate measured from turn reports, tokens/s (a lower bound).
     reported_rate: f64,
     mean_output: f64,
+    /// Mean growth per turn over all sessions, for those not measured yet.
+    mean_growth: f64,
     miss_rate: f64,
     parked: u64,
     /// Capacity estimates from usage answers (only when the engine gives none).
@@ -358,6 +326,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             members: KeyMap::default(),
             idle: IdleIndex::new(),
             own_sum: 0,
+            reserve_sum: 0,
             sessions: KeyMap::default(),
             queue: BTreeMap::new(),
             next_seq: 0,
@@ -365,6 +334,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             shared_prefix: 0,
             reported_rate: 0.0,
             mean_output: 0.0,
+            mean_growth: 0.0,
             miss_rate: 0.0,
             parked: 0,
             usage_samples: VecDeque::new(),
@@ -497,11 +467,59 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     fn footprint(&self, key: &K, prompt_len: u64) -> u64 {
-        let output = match self.sessions.get(key) {
+        self.blocks(prompt_len.saturating_add(self.expected_output(key)))
+    }
+
+    fn expected_output(&self, key: &K) -> u64 {
+        match self.sessions.get(key) {
             Some(h) if h.turns > 0 => h.last_output,
             _ => self.mean_output as u64,
+        }
+    }
+
+    /// What a member's next turn will add to what it keeps cached: the tool
+    /// result its prompt grows by (its own mean, else everyone's) and the
+    /// output it generates. Counted before a newcomer joins: one that fits
+    /// only until the members' next turns would park one of them at once
+    /// (and be parked itself soon after: churn that re-prefills both).
+    fn next_turn_growth(&self, key: &K) -> u64 {
+        let growth = match self.sessions.get(key) {
+            Some(h) if h.growth > 0.0 => h.growth,
+            _ => self.mean_growth,
         };
-        self.blocks(prompt_len.saturating_add(output))
+        growth as u64 + self.expected_output(key)
+    }
+
+    /// Refreshes a member's reserve from what is known of it now.
+    fn refresh_reserve(&mut self, key: &K) {
+        let reserve = self.next_turn_growth(key);
+        if let Some(m) = self.members.get_mut(key) {
+            self.reserve_sum = self.reserve_sum - m.reserve + reserve;
+            m.reserve = reserve;
+        }
+    }
+
+    /// Learns how much a turn's prompt grew beyond the last turn's prompt
+    /// and output (the tool result), on the first request of the turn.
+    fn learn_growth(&mut self, key: &K, prompt_len: u64) {
+        let Some(h) = self.sessions.get_mut(key) else {
+            return;
+        };
+        // A retry of the same turn asks with the prompt already seen.
+        if h.turns == 0 || prompt_len <= h.last_prompt {
+            return;
+        }
+        let grown = prompt_len.saturating_sub(h.last_prompt + h.last_output) as f64;
+        h.growth = if h.growth == 0.0 {
+            grown
+        } else {
+            0.7 * h.growth + 0.3 * grown
+        };
+        self.mean_growth = if self.mean_growth == 0.0 {
+            grown
+        } else {
+            0.95 * self.mean_growth + 0.05 * grown
+        };
     }
 
     /// A turn of `key` with a `prompt_len`-token prompt asks to be admitted
@@ -513,6 +531,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if let Some(grant) = h.grant.take() {
             return grant;
         }
+        self.learn_growth(key, prompt_len);
+        let h = self.sessions.get_mut(key).expect("just made");
         if h.turns > 0 && h.gap_open {
             h.gap_open = false;
             let gap = now.saturating_sub(h.released_at);
@@ -525,6 +545,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if self.members.contains_key(key) {
             h.expect_hit = h.last_prompt + h.last_output;
             self.grow_member(key, prompt_len);
+            self.refresh_reserve(key);
             self.shrink_to_fit(now, Some(key));
             return Verdict::Member;
         }
@@ -556,7 +577,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let need = self.own(key, self.footprint(key, prompt_len));
         // What would be counted with it in (the shared prefix included,
         // even if the members are parked to make room), plus its own.
-        let fits = |ws: &Self| (ws.counted() + need) as f64 <= ws.capacity();
+        // ... and room for what the members' next turns will add.
+        let fits = |ws: &Self| (ws.counted() + ws.reserve_sum + need) as f64 <= ws.capacity();
         if fits(self) {
             return Verdict::Fits;
         }
@@ -598,9 +620,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 released_at: now,
                 window_until: u64::MAX,
                 joined: self.next_seq,
+                reserve: 0,
             },
         );
         debug_assert!(before.is_none(), "only a non-member joins");
+        self.refresh_reserve(key);
         let h = self
             .sessions
             .get_mut(key)
@@ -637,6 +661,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             if let Some(m) = self.members.remove(key) {
                 self.idle.remove(&m);
                 self.own_sum -= self.own(key, m.footprint);
+                self.reserve_sum -= m.reserve;
             }
             self.prune_ghosts();
         }
@@ -684,6 +709,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 m.window_until = now.saturating_add(window);
             }
             self.idle.insert(key, m);
+            self.refresh_reserve(key);
         }
         self.expire(now);
         self.shrink_to_fit(now, None);
@@ -752,6 +778,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.idle.remove(&m);
             let own = self.own(key, m.footprint);
             self.own_sum -= own;
+            self.reserve_sum -= m.reserve;
             let released = if m.in_flight > 0 { now } else { m.released_at };
             let at = self.ghosts.partition_point(|(r, _, _)| *r <= released);
             self.ghosts.insert(at, (released, own, key.clone()));
@@ -865,6 +892,13 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return Err(format!(
                 "own_sum {} but members add up to {sum}",
                 self.own_sum
+            ));
+        }
+        let reserves: u64 = self.members.values().map(|m| m.reserve).sum();
+        if reserves != self.reserve_sum {
+            return Err(format!(
+                "reserve_sum {} but members' reserves add up to {reserves}",
+                self.reserve_sum
             ));
         }
         for (pos, k) in &self.queue {
@@ -1058,13 +1092,35 @@ mod tests {
         assert_eq!(ws.request(&"b", 500, 40), Verdict::Member);
         assert_eq!(ws.stats().members, 2);
         assert_eq!(ws.stats().parked, 1);
-        // a comes back ahead of a new session.
+        // a comes back ahead of a new session (once c is gone, a fits
+        // beside b and the 200 tokens b's next turn adds: 500 + 200 + 300).
         assert_eq!(ws.request(&"n", 300, 50), Verdict::Wait);
-        assert_eq!(ws.request(&"a", 400, 60), Verdict::Wait);
+        assert_eq!(ws.request(&"a", 300, 60), Verdict::Wait);
         ws.finish(&"c", 70);
         let mut out = Vec::new();
         ws.admit_waiting(70, &mut out);
         assert_eq!(out[0], ("a", Verdict::Fits));
+    }
+
+    #[test]
+    fn a_newcomer_waits_for_the_room_the_members_next_turns_need() {
+        let mut ws = set();
+        assert_eq!(ws.request(&"a", 300, 0), Verdict::Empty);
+        ws.release(&"a", 300, report(0, 50), 0, 10);
+        // a's next turn shows its tool result: 300 + 50 + 150 = 500.
+        assert_eq!(ws.request(&"a", 500, 20), Verdict::Member);
+        // It hit all it should (350): no miss, the estimate stays 1000.
+        ws.release(&"a", 500, report(350, 50), 20, 30);
+        // a keeps 550 and its next turn adds ~200 (150 tool result, 50 output):
+        // a 300-token newcomer (+50 output) would fit now (900) but not
+        // after a's next turn (1100), so it waits rather than be parked or
+        // park a at once.
+        assert_eq!(ws.stats().members, 1);
+        assert_eq!(ws.request(&"n", 300, 40), Verdict::Wait);
+        // A smaller one fits beside both: 550 + 200 + 200 + 50 = 1000.
+        ws.withdraw(&"n");
+        assert_eq!(ws.request(&"m", 200, 50), Verdict::Fits);
+        ws.audit().unwrap();
     }
 
     #[test]
