@@ -673,7 +673,15 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.finish(key, now);
     }
 
-    /// A turn of `key` admitted at `admitted_at` ended at `now`.
+    /// Which stay of `key` in the working set a turn admitted now belongs
+    /// to (0: none): a release names it, so a lease granted before the
+    /// session was finished and began again cannot end the new stay's turn.
+    pub fn membership(&self, key: &K) -> u64 {
+        self.members.get(key).map_or(0, |m| m.joined)
+    }
+
+    /// A turn of `key` admitted at `admitted_at`, during its current stay
+    /// in the working set, ended at `now`.
     pub fn release(
         &mut self,
         key: &K,
@@ -682,6 +690,28 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         admitted_at: u64,
         now: u64,
     ) {
+        let membership = self.membership(key);
+        self.release_of(key, prompt_len, report, admitted_at, membership, now);
+    }
+
+    /// A turn of `key` admitted at `admitted_at` during its stay
+    /// `membership` ([`WorkingSet::membership`]) ended at `now`. A turn of an
+    /// earlier stay (the session was finished meanwhile, and maybe began
+    /// again) changes nothing: what it would teach belongs to a session
+    /// that is gone.
+    pub fn release_of(
+        &mut self,
+        key: &K,
+        prompt_len: u64,
+        report: TurnReport,
+        admitted_at: u64,
+        membership: u64,
+        now: u64,
+    ) {
+        if self.membership(key) != membership {
+            self.expire(now);
+            return;
+        }
         // Own tokens before this turn's report changes the session's credit.
         let own_old = self.members.get(key).map(|m| self.own(key, m.footprint));
         self.learn(key, prompt_len, report, admitted_at, now);
@@ -767,10 +797,23 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 
     /// The session ended: it leaves the working set and the queue; its
     /// blocks stay counted as a ghost while they outlive members' blocks.
+    /// An attempt of it still waiting (finishing cancels no attempt) keeps
+    /// its place in line, as a new session's.
     pub fn finish(&mut self, key: &K, now: u64) {
-        self.dequeue(key);
         self.leave(key, now, false);
-        self.sessions.remove(key);
+        if let Some(h) = self.sessions.remove(key) {
+            if h.queued.is_some() {
+                self.sessions.insert(
+                    key.clone(),
+                    History {
+                        queued: h.queued,
+                        queued_at: h.queued_at,
+                        queued_prompt: h.queued_prompt,
+                        ..History::default()
+                    },
+                );
+            }
+        }
     }
 
     fn leave(&mut self, key: &K, now: u64, returning: bool) {
