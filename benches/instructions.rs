@@ -20,7 +20,7 @@ use kvgate::core::Core;
 use kvgate::{Config, Gate, Reason};
 
 use common::naive::NaiveGate;
-use common::{core_cycle, gate_cycle, naive_cycle, session_ids, Fixed};
+use common::{core_cycle, gate_cycle, naive_cycle, session_ids, Fixed, WithCapacity};
 
 /// Operations counted per scenario (callgrind runs ~50x slower than native).
 const ITERS: u64 = 20_000;
@@ -28,7 +28,7 @@ const WARM_UP: u64 = 5_000;
 const POOL: usize = 4096;
 
 /// The scenarios, in report order: (name, what the ratio is taken against).
-const SCENARIOS: [(&str, Option<&str>); 15] = [
+const SCENARIOS: [(&str, Option<&str>); 17] = [
     ("floor/atomic_increment", None),
     ("floor/mutex_lock_parking_lot", None),
     ("floor/clock_read", None),
@@ -38,6 +38,13 @@ const SCENARIOS: [(&str, Option<&str>); 15] = [
     ("open_1t/kvgate/distinct", Some("open_1t/naive/distinct")),
     ("open_1t/core/hot", Some("open_1t/naive/hot")),
     ("open_1t/c_abi/hot", Some("open_1t/naive/hot")),
+    // The open path in working-set mode (the default), against the same
+    // path in reference mode (`open_1t/kvgate/*`) in the same run.
+    ("open_1t/working_set/hot", Some("open_1t/kvgate/hot")),
+    (
+        "open_1t/working_set/distinct",
+        Some("open_1t/kvgate/distinct"),
+    ),
     ("pressure/reserved_session/naive", None),
     (
         "pressure/reserved_session/kvgate",
@@ -88,6 +95,25 @@ fn run(name: &str, iters: u64) {
         "open_1t/kvgate/distinct" => {
             let gate = Gate::new(Config::reference(), Fixed::OPEN).unwrap();
             Box::new(move |k| gate_cycle(&gate, &ids[k as usize % POOL], Reason::Open))
+        }
+        "open_1t/working_set/hot" => {
+            // The library default over an engine that says its capacity: one
+            // session's turns, each admitted as a member of the working set
+            // (its first turn, outside the count, joins the empty set).
+            let gate = Gate::new(Config::default(), WithCapacity::open()).unwrap();
+            gate_cycle(&gate, &ids[0], Reason::EmptyWorkingSet);
+            Box::new(move |_| gate_cycle(&gate, &ids[0], Reason::ReservedSession))
+        }
+        "open_1t/working_set/distinct" => {
+            // The sessions this run cycles through (4,096 under the bench),
+            // all members: the working set's bookkeeping at that size.
+            let used = (iters as usize).min(POOL);
+            let gate = Gate::new(Config::default(), WithCapacity::open()).unwrap();
+            gate_cycle(&gate, &ids[0], Reason::EmptyWorkingSet);
+            for id in &ids[1..used] {
+                gate_cycle(&gate, id, Reason::FitsWorkingSet);
+            }
+            Box::new(move |k| gate_cycle(&gate, &ids[k as usize % POOL], Reason::ReservedSession))
         }
         "open_1t/core/hot" => {
             let core = Core::new(Config::reference()).unwrap();
@@ -207,8 +233,8 @@ fn main() {
         };
         counts.push((name, per_op));
         let ratio = base
-            .and_then(|b| counts.iter().find(|(n, _)| *n == b).map(|(_, v)| *v))
-            .map(|b| format!("  {:.2}x naive", per_op / b))
+            .and_then(|b| counts.iter().find(|(n, _)| *n == b))
+            .map(|(b, v)| format!("  {:.2}x {b}", per_op / v))
             .unwrap_or_default();
         println!("  {name:<36} {per_op:>8.0}{ratio}");
     }

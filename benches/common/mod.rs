@@ -60,6 +60,40 @@ impl Probe for Fixed {
     }
 }
 
+/// A [`Fixed`] probe that also answers the capacity probe, as a vLLM host
+/// does (working-set admission asks it with every usage probe).
+#[derive(Debug, Clone, Copy)]
+pub struct WithCapacity {
+    pub fixed: Fixed,
+    pub capacity: kvgate::EngineCapacity,
+}
+
+impl WithCapacity {
+    /// Below the watermark, and an engine whose KV cache holds every
+    /// session the bench uses, so working-set admission makes nobody wait:
+    /// 2^40 tokens in blocks of 16, refilled at 1 token/s, so that no
+    /// member's window (capacity / prefill rate) ends during a run and the
+    /// admission reasons, hence the counts, do not depend on the clock.
+    pub fn open() -> Self {
+        Self {
+            fixed: Fixed::OPEN,
+            capacity: kvgate::EngineCapacity::new(1 << 40, 16, 1.0),
+        }
+    }
+}
+
+impl Probe for WithCapacity {
+    fn kv_cache_usage(&self, session: &[u8]) -> Option<f64> {
+        self.fixed.kv_cache_usage(session)
+    }
+    fn prefix_hit_ratio(&self, session: &[u8], prompt: &[u32]) -> Option<f64> {
+        self.fixed.prefix_hit_ratio(session, prompt)
+    }
+    fn kv_cache_capacity(&self, _session: &[u8]) -> Option<kvgate::EngineCapacity> {
+        Some(self.capacity)
+    }
+}
+
 /// Session ids starting with this are the bench's controller: its replica
 /// is not under pressure, so it is admitted `open` and its release is the
 /// capacity event whose wake-up is measured.

@@ -130,6 +130,9 @@ pub struct LeaseToken {
 pub(crate) struct Turn {
     pub(crate) prompt_len: usize,
     pub(crate) admitted_at: u64,
+    /// The session's stay in the working set the turn was admitted in
+    /// (`WorkingSet::membership`; 0 in reference mode).
+    pub(crate) membership: u64,
 }
 
 impl fmt::Debug for LeaseToken {
@@ -485,14 +488,21 @@ impl Machine {
             "an attempt whose fate is open is its session's pending one"
         );
         self.facts.reserved = record.reservation.held_at(now);
-        let (decision, grants) = match core.ledger() {
-            None => (decide(core.thresholds, self.facts), Default::default()),
+        let (decision, membership, grants) = match core.ledger() {
+            None => (decide(core.thresholds, self.facts), 0, Default::default()),
             Some(ledger) => {
+                // A grant handed over earlier is collected by this request
+                // (the ledger keeps it); one handed over after it sets the
+                // bit again, so the sleep below looks again. A bit left from
+                // a grant that was withdrawn meanwhile (its session was
+                // finished) must not: each later wait would look again at
+                // the same instant, asking the usage probe in a loop.
+                self.slot.wake.fetch_and(!WAKE_EVENT, Ordering::SeqCst);
                 let usage = self.facts.usage.and_then(ProbeAnswer::value);
                 let id = SessionId::of(&self.key);
-                let (verdict, grants) =
+                let (verdict, membership, grants) =
                     ledger.request(&id, self.prompt_len, usage, self.capacity, now);
-                (working_set_decision(verdict), grants)
+                (working_set_decision(verdict), membership, grants)
             }
         };
         let step = match decision {
@@ -527,6 +537,7 @@ impl Machine {
                     Turn {
                         prompt_len: self.prompt_len,
                         admitted_at: now,
+                        membership,
                     },
                 ))
             }

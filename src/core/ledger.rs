@@ -103,29 +103,32 @@ impl Ledger {
         usage: Option<f64>,
         capacity: Option<EngineCapacity>,
         now: u64,
-    ) -> (Verdict, Grants) {
-        self.change(now, |set| {
+    ) -> (Verdict, u64, Grants) {
+        let ((verdict, membership), grants) = self.change(now, |set| {
             if let Some(capacity) = capacity {
                 set.set_engine(capacity);
             }
             if let Some(usage) = usage {
                 set.observe_usage(usage);
             }
-            set.request(id, prompt_len as u64, now)
-        })
+            let verdict = set.request(id, prompt_len as u64, now);
+            (verdict, set.membership(id))
+        });
+        (verdict, membership, grants)
     }
 
-    /// A turn admitted at `admitted_at` ended.
+    /// A turn admitted at `admitted_at` during the session's stay
+    /// `membership` (as `request` answered it) ended.
     pub(crate) fn release(
         &self,
         id: &SessionId,
-        prompt_len: usize,
+        turn: (usize, u64, u64),
         report: TurnReport,
-        admitted_at: u64,
         now: u64,
     ) -> Grants {
+        let (prompt_len, admitted_at, membership) = turn;
         self.change(now, |set| {
-            set.release(id, prompt_len as u64, report, admitted_at, now)
+            set.release_of(id, prompt_len as u64, report, admitted_at, membership, now)
         })
         .1
     }

@@ -53,6 +53,15 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
 
+/// The working set's maps hash with FxHash (rustc-hash): its keys come
+/// hashed already (the ledger's `SessionId` writes the session table's keyed
+/// hash, one `write_u64`), and SipHash over that again cost ~130
+/// instructions per lookup, a third of a turn's cost in this mode (about 20
+/// lookups per acquire + release; `benches/instructions.rs`,
+/// `open_1t/working_set/hot`). Fx's multiply spreads the word over the bits
+/// hashbrown uses.
+type KeyMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
+
 /// What the engine says about its KV cache (the capacity probe).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 #[non_exhaustive]
@@ -173,6 +182,49 @@ struct Member {
     /// Order of joining: breaks ties between equal release times, so that
     /// the choice never depends on the hash map's order.
     joined: u64,
+    /// What its next turn will add (`WorkingSet::next_turn_growth`), as
+    /// last estimated: kept free for it before anyone joins.
+    reserve: u64,
+}
+
+/// The members between turns, ordered two ways: by release (the next the
+/// cache evicts, the next to park, and the oldest behind the ghost count)
+/// and by the end of their window (the next to expire). Keys include
+/// `joined`, unique per membership, so equal times never collide. Kept in
+/// step with `members` by [`IdleIndex::remove`] before a member changes
+/// and [`IdleIndex::insert`] after: each lookup is then O(log n), not a
+/// scan of every member on every turn.
+#[derive(Debug)]
+struct IdleIndex<K> {
+    by_release: BTreeMap<(u64, u64), K>,
+    by_window: BTreeMap<(u64, u64), K>,
+}
+
+impl<K: Clone> IdleIndex<K> {
+    fn new() -> Self {
+        Self {
+            by_release: BTreeMap::new(),
+            by_window: BTreeMap::new(),
+        }
+    }
+
+    /// Indexes `m` if it is between turns.
+    fn insert(&mut self, key: &K, m: &Member) {
+        if m.in_flight == 0 {
+            self.by_release
+                .insert((m.released_at, m.joined), key.clone());
+            self.by_window
+                .insert((m.window_until, m.joined), key.clone());
+        }
+    }
+
+    /// Drops `m` as it was indexed (nothing if it was in flight).
+    fn remove(&mut self, m: &Member) {
+        if m.in_flight == 0 {
+            self.by_release.remove(&(m.released_at, m.joined));
+            self.by_window.remove(&(m.window_until, m.joined));
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -187,6 +239,9 @@ struct History {
     turns: u32,
     last_prompt: u64,
     last_output: u64,
+    /// What its turns add to the prompt beyond its own output (the tool
+    /// results): a running mean, 0 until its second turn shows one.
+    growth: f64,
     /// What this session shares with others: its first turn's cached tokens.
     shared_credit: u64,
     /// When its last turn ended, and whether its next request is yet to come.
@@ -237,10 +292,14 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     engine: EngineCapacity,
     /// Capacity estimate, tokens; `None` while the engine's is unknown.
     estimate: Option<f64>,
-    members: HashMap<K, Member>,
+    members: KeyMap<K, Member>,
+    /// The members between turns, by release and by window end.
+    idle: IdleIndex<K>,
     /// Members' own tokens (the shared prefix excluded), summed.
     own_sum: u64,
-    sessions: HashMap<K, History>,
+    /// Members' reserves (what their next turns will add), summed.
+    reserve_sum: u64,
+    sessions: KeyMap<K, History>,
     queue: BTreeMap<(Class, u64), K>,
     next_seq: u64,
     /// Departed sessions: (released at, own tokens, session), oldest first.
@@ -249,6 +308,8 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     /// Prefill rate measured from turn reports, tokens/s (a lower bound).
     reported_rate: f64,
     mean_output: f64,
+    /// Mean growth per turn over all sessions, for those not measured yet.
+    mean_growth: f64,
     miss_rate: f64,
     parked: u64,
     /// Capacity estimates from usage answers (only when the engine gives none).
@@ -262,15 +323,18 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             tuning,
             engine: EngineCapacity::default(),
             estimate: None,
-            members: HashMap::new(),
+            members: KeyMap::default(),
+            idle: IdleIndex::new(),
             own_sum: 0,
-            sessions: HashMap::new(),
+            reserve_sum: 0,
+            sessions: KeyMap::default(),
             queue: BTreeMap::new(),
             next_seq: 0,
             ghosts: VecDeque::new(),
             shared_prefix: 0,
             reported_rate: 0.0,
             mean_output: 0.0,
+            mean_growth: 0.0,
             miss_rate: 0.0,
             parked: 0,
             usage_samples: VecDeque::new(),
@@ -362,11 +426,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     fn oldest_idle_release(&self) -> Option<u64> {
-        self.members
-            .values()
-            .filter(|m| m.in_flight == 0)
-            .map(|m| m.released_at)
-            .min()
+        self.idle
+            .by_release
+            .keys()
+            .next()
+            .map(|(released, _)| *released)
     }
 
     /// Ghosts freed after the oldest member between turns still hold the
@@ -403,11 +467,59 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     fn footprint(&self, key: &K, prompt_len: u64) -> u64 {
-        let output = match self.sessions.get(key) {
+        self.blocks(prompt_len.saturating_add(self.expected_output(key)))
+    }
+
+    fn expected_output(&self, key: &K) -> u64 {
+        match self.sessions.get(key) {
             Some(h) if h.turns > 0 => h.last_output,
             _ => self.mean_output as u64,
+        }
+    }
+
+    /// What a member's next turn will add to what it keeps cached: the tool
+    /// result its prompt grows by (its own mean, else everyone's) and the
+    /// output it generates. Counted before a newcomer joins: one that fits
+    /// only until the members' next turns would park one of them at once
+    /// (and be parked itself soon after: churn that re-prefills both).
+    fn next_turn_growth(&self, key: &K) -> u64 {
+        let growth = match self.sessions.get(key) {
+            Some(h) if h.growth > 0.0 => h.growth,
+            _ => self.mean_growth,
         };
-        self.blocks(prompt_len.saturating_add(output))
+        growth as u64 + self.expected_output(key)
+    }
+
+    /// Refreshes a member's reserve from what is known of it now.
+    fn refresh_reserve(&mut self, key: &K) {
+        let reserve = self.next_turn_growth(key);
+        if let Some(m) = self.members.get_mut(key) {
+            self.reserve_sum = self.reserve_sum - m.reserve + reserve;
+            m.reserve = reserve;
+        }
+    }
+
+    /// Learns how much a turn's prompt grew beyond the last turn's prompt
+    /// and output (the tool result), on the first request of the turn.
+    fn learn_growth(&mut self, key: &K, prompt_len: u64) {
+        let Some(h) = self.sessions.get_mut(key) else {
+            return;
+        };
+        // A retry of the same turn asks with the prompt already seen.
+        if h.turns == 0 || prompt_len <= h.last_prompt {
+            return;
+        }
+        let grown = prompt_len.saturating_sub(h.last_prompt + h.last_output) as f64;
+        h.growth = if h.growth == 0.0 {
+            grown
+        } else {
+            0.7 * h.growth + 0.3 * grown
+        };
+        self.mean_growth = if self.mean_growth == 0.0 {
+            grown
+        } else {
+            0.95 * self.mean_growth + 0.05 * grown
+        };
     }
 
     /// A turn of `key` with a `prompt_len`-token prompt asks to be admitted
@@ -419,6 +531,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if let Some(grant) = h.grant.take() {
             return grant;
         }
+        self.learn_growth(key, prompt_len);
+        let h = self.sessions.get_mut(key).expect("just made");
         if h.turns > 0 && h.gap_open {
             h.gap_open = false;
             let gap = now.saturating_sub(h.released_at);
@@ -431,6 +545,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if self.members.contains_key(key) {
             h.expect_hit = h.last_prompt + h.last_output;
             self.grow_member(key, prompt_len);
+            self.refresh_reserve(key);
             self.shrink_to_fit(now, Some(key));
             return Verdict::Member;
         }
@@ -462,7 +577,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let need = self.own(key, self.footprint(key, prompt_len));
         // What would be counted with it in (the shared prefix included,
         // even if the members are parked to make room), plus its own.
-        let fits = |ws: &Self| (ws.counted() + need) as f64 <= ws.capacity();
+        // ... and room for what the members' next turns will add.
+        let fits = |ws: &Self| (ws.counted() + ws.reserve_sum + need) as f64 <= ws.capacity();
         if fits(self) {
             return Verdict::Fits;
         }
@@ -496,7 +612,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let footprint = self.footprint(key, prompt_len);
         self.own_sum += self.own(key, footprint);
         self.next_seq += 1;
-        self.members.insert(
+        let before = self.members.insert(
             key.clone(),
             Member {
                 footprint,
@@ -504,8 +620,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 released_at: now,
                 window_until: u64::MAX,
                 joined: self.next_seq,
+                reserve: 0,
             },
         );
+        debug_assert!(before.is_none(), "only a non-member joins");
+        self.refresh_reserve(key);
         let h = self
             .sessions
             .get_mut(key)
@@ -520,6 +639,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let m = self.members.get(key).expect("a member");
         let own_old = self.own(key, m.footprint);
         let m = self.members.get_mut(key).expect("a member");
+        self.idle.remove(m);
         m.in_flight += 1;
         m.window_until = u64::MAX;
         if footprint > m.footprint {
@@ -539,7 +659,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if h.grant.take().is_some() {
             // It never ran: nothing of it is cached beyond what was before.
             if let Some(m) = self.members.remove(key) {
+                self.idle.remove(&m);
                 self.own_sum -= self.own(key, m.footprint);
+                self.reserve_sum -= m.reserve;
             }
             self.prune_ghosts();
         }
@@ -551,7 +673,15 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.finish(key, now);
     }
 
-    /// A turn of `key` admitted at `admitted_at` ended at `now`.
+    /// Which stay of `key` in the working set a turn admitted now belongs
+    /// to (0: none): a release names it, so a lease granted before the
+    /// session was finished and began again cannot end the new stay's turn.
+    pub fn membership(&self, key: &K) -> u64 {
+        self.members.get(key).map_or(0, |m| m.joined)
+    }
+
+    /// A turn of `key` admitted at `admitted_at`, during its current stay
+    /// in the working set, ended at `now`.
     pub fn release(
         &mut self,
         key: &K,
@@ -560,6 +690,28 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         admitted_at: u64,
         now: u64,
     ) {
+        let membership = self.membership(key);
+        self.release_of(key, prompt_len, report, admitted_at, membership, now);
+    }
+
+    /// A turn of `key` admitted at `admitted_at` during its stay
+    /// `membership` ([`WorkingSet::membership`]) ended at `now`. A turn of an
+    /// earlier stay (the session was finished meanwhile, and maybe began
+    /// again) changes nothing: what it would teach belongs to a session
+    /// that is gone.
+    pub fn release_of(
+        &mut self,
+        key: &K,
+        prompt_len: u64,
+        report: TurnReport,
+        admitted_at: u64,
+        membership: u64,
+        now: u64,
+    ) {
+        if self.membership(key) != membership {
+            self.expire(now);
+            return;
+        }
         // Own tokens before this turn's report changes the session's credit.
         let own_old = self.members.get(key).map(|m| self.own(key, m.footprint));
         self.learn(key, prompt_len, report, admitted_at, now);
@@ -579,12 +731,15 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             let own_new = self.own(key, footprint);
             self.own_sum = self.own_sum - own_old + own_new;
             let m = self.members.get_mut(key).expect("a member");
+            self.idle.remove(m);
             m.footprint = footprint;
             m.in_flight = m.in_flight.saturating_sub(1);
             if m.in_flight == 0 {
                 m.released_at = now;
                 m.window_until = now.saturating_add(window);
             }
+            self.idle.insert(key, m);
+            self.refresh_reserve(key);
         }
         self.expire(now);
         self.shrink_to_fit(now, None);
@@ -642,16 +797,31 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 
     /// The session ended: it leaves the working set and the queue; its
     /// blocks stay counted as a ghost while they outlive members' blocks.
+    /// An attempt of it still waiting (finishing cancels no attempt) keeps
+    /// its place in line, as a new session's.
     pub fn finish(&mut self, key: &K, now: u64) {
-        self.dequeue(key);
         self.leave(key, now, false);
-        self.sessions.remove(key);
+        if let Some(h) = self.sessions.remove(key) {
+            if h.queued.is_some() {
+                self.sessions.insert(
+                    key.clone(),
+                    History {
+                        queued: h.queued,
+                        queued_at: h.queued_at,
+                        queued_prompt: h.queued_prompt,
+                        ..History::default()
+                    },
+                );
+            }
+        }
     }
 
     fn leave(&mut self, key: &K, now: u64, returning: bool) {
         if let Some(m) = self.members.remove(key) {
+            self.idle.remove(&m);
             let own = self.own(key, m.footprint);
             self.own_sum -= own;
+            self.reserve_sum -= m.reserve;
             let released = if m.in_flight > 0 { now } else { m.released_at };
             let at = self.ghosts.partition_point(|(r, _, _)| *r <= released);
             self.ghosts.insert(at, (released, own, key.clone()));
@@ -665,11 +835,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Parks the member between turns released longest ago (never `keep`).
     fn park_lru(&mut self, now: u64, keep: Option<&K>) -> bool {
         let victim = self
-            .members
-            .iter()
-            .filter(|(k, m)| m.in_flight == 0 && Some(*k) != keep)
-            .min_by_key(|(_, m)| (m.released_at, m.joined))
-            .map(|(k, _)| k.clone());
+            .idle
+            .by_release
+            .values()
+            .find(|k| Some(*k) != keep)
+            .cloned();
         let Some(victim) = victim else {
             return false;
         };
@@ -684,13 +854,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 
     /// Ends the windows that are over at `now`.
     pub fn expire(&mut self, now: u64) {
-        let over: Vec<K> = self
-            .members
-            .iter()
-            .filter(|(_, m)| m.in_flight == 0 && m.window_until <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in over {
+        // Leaving drops the member from the index: each pass makes progress.
+        while let Some(key) = self
+            .idle
+            .by_window
+            .first_key_value()
+            .filter(|((until, _), _)| *until <= now)
+            .map(|(_, key)| key.clone())
+        {
             self.leave(&key, now, true);
         }
     }
@@ -698,12 +869,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// When this working set next changes by itself: the earliest window
     /// end, or the queue head reaching the wait bound.
     pub fn next_deadline(&self) -> Option<u64> {
-        let window = self
-            .members
-            .values()
-            .filter(|m| m.in_flight == 0)
-            .map(|m| m.window_until)
-            .min();
+        let window = self.idle.by_window.keys().next().map(|(until, _)| *until);
         // A head already past its bound waits for a release, not a time.
         let bound = self
             .queue
@@ -740,6 +906,26 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// and a member, the queue and the sessions agree.
     #[doc(hidden)]
     pub fn audit(&self) -> Result<(), String> {
+        let idle: Vec<(&K, &Member)> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.in_flight == 0)
+            .collect();
+        if idle.len() != self.idle.by_release.len() || idle.len() != self.idle.by_window.len() {
+            return Err(format!(
+                "{} members between turns but {} / {} indexed",
+                idle.len(),
+                self.idle.by_release.len(),
+                self.idle.by_window.len()
+            ));
+        }
+        for (k, m) in idle {
+            if self.idle.by_release.get(&(m.released_at, m.joined)) != Some(k)
+                || self.idle.by_window.get(&(m.window_until, m.joined)) != Some(k)
+            {
+                return Err("a member between turns is indexed wrongly".into());
+            }
+        }
         let sum: u64 = self
             .members
             .iter()
@@ -749,6 +935,13 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return Err(format!(
                 "own_sum {} but members add up to {sum}",
                 self.own_sum
+            ));
+        }
+        let reserves: u64 = self.members.values().map(|m| m.reserve).sum();
+        if reserves != self.reserve_sum {
+            return Err(format!(
+                "reserve_sum {} but members' reserves add up to {reserves}",
+                self.reserve_sum
             ));
         }
         for (pos, k) in &self.queue {
@@ -816,9 +1009,15 @@ fn own_window(gaps: &VecDeque<u64>, refill: u64) -> u64 {
     if gaps.len() < GAPS_TO_JUDGE {
         return refill;
     }
-    let mut sorted: Vec<u64> = gaps.iter().copied().collect();
+    // On the stack: this runs at every release.
+    let mut sorted = [0u64; GAP_SAMPLES];
+    let n = gaps.len().min(GAP_SAMPLES);
+    for (slot, gap) in sorted.iter_mut().zip(gaps) {
+        *slot = *gap;
+    }
+    let sorted = &mut sorted[..n];
     sorted.sort_unstable();
-    if sorted[sorted.len() / 2] > refill {
+    if sorted[n / 2] > refill {
         0
     } else {
         refill
@@ -936,13 +1135,35 @@ mod tests {
         assert_eq!(ws.request(&"b", 500, 40), Verdict::Member);
         assert_eq!(ws.stats().members, 2);
         assert_eq!(ws.stats().parked, 1);
-        // a comes back ahead of a new session.
+        // a comes back ahead of a new session (once c is gone, a fits
+        // beside b and the 200 tokens b's next turn adds: 500 + 200 + 300).
         assert_eq!(ws.request(&"n", 300, 50), Verdict::Wait);
-        assert_eq!(ws.request(&"a", 400, 60), Verdict::Wait);
+        assert_eq!(ws.request(&"a", 300, 60), Verdict::Wait);
         ws.finish(&"c", 70);
         let mut out = Vec::new();
         ws.admit_waiting(70, &mut out);
         assert_eq!(out[0], ("a", Verdict::Fits));
+    }
+
+    #[test]
+    fn a_newcomer_waits_for_the_room_the_members_next_turns_need() {
+        let mut ws = set();
+        assert_eq!(ws.request(&"a", 300, 0), Verdict::Empty);
+        ws.release(&"a", 300, report(0, 50), 0, 10);
+        // a's next turn shows its tool result: 300 + 50 + 150 = 500.
+        assert_eq!(ws.request(&"a", 500, 20), Verdict::Member);
+        // It hit all it should (350): no miss, the estimate stays 1000.
+        ws.release(&"a", 500, report(350, 50), 20, 30);
+        // a keeps 550 and its next turn adds ~200 (150 tool result, 50 output):
+        // a 300-token newcomer (+50 output) would fit now (900) but not
+        // after a's next turn (1100), so it waits rather than be parked or
+        // park a at once.
+        assert_eq!(ws.stats().members, 1);
+        assert_eq!(ws.request(&"n", 300, 40), Verdict::Wait);
+        // A smaller one fits beside both: 550 + 200 + 200 + 50 = 1000.
+        ws.withdraw(&"n");
+        assert_eq!(ws.request(&"m", 200, 50), Verdict::Fits);
+        ws.audit().unwrap();
     }
 
     #[test]

@@ -26,7 +26,9 @@ Policies (comma-separated; `;` also separates, so knob lists may use `,` after `
 Prints per policy: makespan, hit rate (sum of num_cached_tokens / sum of prompt
 tokens), hit rate over the last third of turns, prefilled tokens (uncached prompt
 tokens the engine scheduled, recomputation included), first/last-turn mean latency,
-admissions by reason, and the best fixed cap. `--steps-csv` writes every engine
+p99 turn latency (wait included) and the longest wait, admissions by reason, for
+kvgate the mean and max of its working-set gauges (sampled every 0.5 s; the samples
+go to the JSON), and the best fixed cap. `--steps-csv` writes every engine
 step (duration vs scheduled prefill and decode tokens) for the simulator's
 step-time fit; `--json` writes the results.
 """
@@ -207,6 +209,9 @@ class Admission:
     def reasons(self) -> dict[str, int]:
         return {}
 
+    def gauges(self) -> dict[str, Any]:
+        return {}
+
     def close(self) -> None: ...
 
 
@@ -236,6 +241,22 @@ class KvgateAdmission(Admission):
         )
         self.counts: Counter[str] = Counter()
         self.lock = threading.Lock()
+        # The gate's working-set gauges, sampled every 0.5 s (diagnosis: what
+        # capacity and window it worked with, how many members it held).
+        self.samples: list[dict[str, float]] = []
+        self._sampling = threading.Event()
+        self._t0 = time.perf_counter()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        while not self._sampling.wait(0.5):
+            row: dict[str, float] = {"t": round(time.perf_counter() - self._t0, 3)}
+            for line in self.gate.metrics_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name.startswith(("kvgate_working_set_", "kvgate_waiting_attempts", "kvgate_active_leases")):
+                    row[name[len("kvgate_"):]] = float(value)
+            self.samples.append(row)
 
     def _prefix(self, sid: bytes, prompt: list[int]) -> Optional[float]:
         hit, n = self.loop.call(lambda: self.loop.core.kvgate_prefix(prompt, None, None, sid.decode()))
@@ -255,7 +276,18 @@ class KvgateAdmission(Admission):
     def reasons(self) -> dict[str, int]:
         return dict(self.counts)
 
+    def gauges(self) -> dict[str, Any]:
+        """Summary of the sampled gauges (mean and max of each), and the samples."""
+        keys = sorted({k for row in self.samples for k in row if k != "t"})
+        summary = {
+            k: {"mean": sum(r.get(k, 0.0) for r in self.samples) / len(self.samples), "max": max(r.get(k, 0.0) for r in self.samples)}
+            for k in keys
+        } if self.samples else {}
+        return {"summary": summary, "samples": self.samples}
+
     def close(self) -> None:
+        self._sampling.set()
+        self._sampler.join()
         self.gate.close()
 
 
@@ -322,6 +354,7 @@ def run_policy(policy: str, workload: Workload, engine_kwargs: dict[str, Any], s
     threading.Thread(target=stopper, daemon=True).start()
     loop.run(t0)
     makespan = time.perf_counter() - t0
+    gauges = admission.gauges()
     admission.close()
     if errors:
         raise errors[0]
@@ -329,6 +362,10 @@ def run_policy(policy: str, workload: Workload, engine_kwargs: dict[str, Any], s
     steps_out.extend(steps)
     prompt_total = sum(t.prompt_tokens for t in turns)
     last_third = [t for t in turns if t.index >= workload.turns - max(1, workload.turns // 3)]
+
+    def quantile(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
     def mean_latency(index: int) -> float:
         xs = [t.latency_sec for t in turns if t.index == index]
@@ -343,7 +380,10 @@ def run_policy(policy: str, workload: Workload, engine_kwargs: dict[str, Any], s
         "prefilled_tokens": sum(s.prefill_tokens for s in steps),
         "first_turn_latency_sec": mean_latency(0),
         "last_turn_latency_sec": mean_latency(workload.turns - 1),
+        "p99_turn_latency_sec": quantile([t.latency_sec for t in turns], 0.99),
+        "max_wait_sec": max((t.wait_sec for t in turns), default=0.0),
         "admissions_by_reason": admission.reasons(),
+        "working_set_gauges": gauges,
         "turns": len(turns),
         "steps": len(steps),
     }
@@ -388,7 +428,10 @@ def main() -> None:
         rows.extend((policy, s) for s in steps)
         results.append(r)
         print(f"{policy}: {r['makespan_sec']:.1f} s, hit rate {100 * r['hit_rate']:.1f}%, prefilled {r['prefilled_tokens']:,}, "
+              f"p99 turn {r['p99_turn_latency_sec']:.2f} s, max wait {r['max_wait_sec']:.2f} s, "
               f"admissions {r['admissions_by_reason'] or '-'}", flush=True)
+        for k, v in r["working_set_gauges"].get("summary", {}).items():
+            print(f"    {k}: mean {v['mean']:.4g}, max {v['max']:.4g}", flush=True)
     print()
     print_table(results)
     if args.steps_csv:
