@@ -491,13 +491,14 @@ impl Machine {
         let (decision, membership, grants) = match core.ledger() {
             None => (decide(core.thresholds, self.facts), 0, Default::default()),
             Some(ledger) => {
-                // A grant handed over earlier is collected by this request
-                // (the ledger keeps it); one handed over after it sets the
-                // bit again, so the sleep below looks again. A bit left from
-                // a grant that was withdrawn meanwhile (its session was
-                // finished) must not: each later wait would look again at
-                // the same instant, asking the usage probe in a loop.
-                self.slot.wake.fetch_and(!WAKE_EVENT, Ordering::SeqCst);
+                // The event is the grant itself, which the ledger keeps: one
+                // handed over earlier is collected by this request, one
+                // handed over after it sets the bit again, so the sleep below
+                // looks again. Taken here so that a bit left from a grant
+                // withdrawn meanwhile (its session was finished) does not make
+                // each later wait look again at the same instant, asking the
+                // usage probe in a loop.
+                self.take_event();
                 let usage = self.facts.usage.and_then(ProbeAnswer::value);
                 let id = SessionId::of(&self.key);
                 let (verdict, membership, grants) =

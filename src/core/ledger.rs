@@ -9,6 +9,7 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc as StdArc;
 
+use super::attempt::Turn;
 use super::timers::NEVER;
 use super::working_set::{EngineCapacity, TurnReport, Verdict, WorkingSet, WorkingSetStats};
 use crate::sync::{AtomicU64, Mutex, Ordering};
@@ -117,18 +118,24 @@ impl Ledger {
         (verdict, membership, grants)
     }
 
-    /// A turn admitted at `admitted_at` during the session's stay
-    /// `membership` (as `request` answered it) ended.
+    /// A turn ended (admitted during the session's stay `turn.membership`,
+    /// as `request` answered it).
     pub(crate) fn release(
         &self,
         id: &SessionId,
-        turn: (usize, u64, u64),
+        turn: Turn,
         report: TurnReport,
         now: u64,
     ) -> Grants {
-        let (prompt_len, admitted_at, membership) = turn;
         self.change(now, |set| {
-            set.release_of(id, prompt_len as u64, report, admitted_at, membership, now)
+            set.release_of(
+                id,
+                turn.prompt_len as u64,
+                report,
+                turn.admitted_at,
+                turn.membership,
+                now,
+            )
         })
         .1
     }

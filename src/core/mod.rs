@@ -364,12 +364,7 @@ impl Core {
             None => self.capacity_event(),
             Some(ledger) => {
                 let id = SessionId::of(&key);
-                let mut grants = ledger.release(
-                    &id,
-                    (turn.prompt_len, turn.admitted_at, turn.membership),
-                    report,
-                    now,
-                );
+                let mut grants = ledger.release(&id, turn, report, now);
                 if forget {
                     grants.extend(ledger.forget(&id, now));
                 }

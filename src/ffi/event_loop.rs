@@ -424,25 +424,18 @@ pub unsafe extern "C" fn kvgate_attempt_answer_usage(
     prefill_tokens_per_sec: f64,
     out_step: *mut kvgate_step,
 ) -> kvgate_status {
-    let function = "kvgate_attempt_answer_usage";
-    ffi_status(function, || {
-        // SAFETY: forwarded (caller).
-        let (handle, out) = unsafe {
-            (
-                handles::attempt_ref(attempt)?,
-                handles::out_arg(out_step, "out_step")?,
-            )
-        };
-        let known = capacity_tokens != 0
-            || block_tokens != 0
-            || (prefill_tokens_per_sec.is_finite() && prefill_tokens_per_sec > 0.0);
-        let capacity = known
-            .then(|| EngineCapacity::new(capacity_tokens, block_tokens, prefill_tokens_per_sec));
-        out.write(handle.step(function, |a, now| {
-            a.on_cache_state(answer(usage), capacity, now)
-        })?);
-        Ok(())
-    })
+    // `new` already turns an invalid rate into 0, the "unknown" figure.
+    let capacity = EngineCapacity::new(capacity_tokens, block_tokens, prefill_tokens_per_sec);
+    let capacity = (capacity != EngineCapacity::default()).then_some(capacity);
+    // SAFETY: forwarded (caller).
+    unsafe {
+        drive(
+            "kvgate_attempt_answer_usage",
+            attempt,
+            out_step,
+            |a, now| a.on_cache_state(answer(usage), capacity, now),
+        )
+    }
 }
 
 /// Answers a `KVGATE_STEP_PROBE_PREFIX` step: the fraction of the prompt
@@ -457,18 +450,15 @@ pub unsafe extern "C" fn kvgate_attempt_answer_prefix(
     hit_ratio: f64,
     out_step: *mut kvgate_step,
 ) -> kvgate_status {
-    let function = "kvgate_attempt_answer_prefix";
-    ffi_status(function, || {
-        // SAFETY: forwarded (caller).
-        let (handle, out) = unsafe {
-            (
-                handles::attempt_ref(attempt)?,
-                handles::out_arg(out_step, "out_step")?,
-            )
-        };
-        out.write(handle.step(function, |a, now| a.on_prefix(answer(hit_ratio), now))?);
-        Ok(())
-    })
+    // SAFETY: forwarded (caller).
+    unsafe {
+        drive(
+            "kvgate_attempt_answer_prefix",
+            attempt,
+            out_step,
+            |a, now| a.on_prefix(answer(hit_ratio), now),
+        )
+    }
 }
 
 /// After a `KVGATE_STEP_SLEEP` step: the waker delivered the attempt's tag,
@@ -483,7 +473,25 @@ pub unsafe extern "C" fn kvgate_attempt_wake(
     attempt: *mut kvgate_attempt,
     out_step: *mut kvgate_step,
 ) -> kvgate_status {
-    let function = "kvgate_attempt_wake";
+    // SAFETY: forwarded (caller).
+    unsafe {
+        drive("kvgate_attempt_wake", attempt, out_step, |a, now| {
+            a.on_wake(now)
+        })
+    }
+}
+
+/// The body the three step exports share: both pointers checked, one step
+/// of the attempt, the next step written to `*out_step`.
+///
+/// # Safety
+/// `attempt` is NULL or a live attempt; `out_step` is NULL or writable.
+unsafe fn drive(
+    function: &'static str,
+    attempt: *mut kvgate_attempt,
+    out_step: *mut kvgate_step,
+    f: impl FnOnce(&mut Attempt<GateCore>, u64) -> Result<Step, StepError>,
+) -> kvgate_status {
     ffi_status(function, || {
         // SAFETY: forwarded (caller).
         let (handle, out) = unsafe {
@@ -492,7 +500,7 @@ pub unsafe extern "C" fn kvgate_attempt_wake(
                 handles::out_arg(out_step, "out_step")?,
             )
         };
-        out.write(handle.step(function, |a, now| a.on_wake(now))?);
+        out.write(handle.step(function, f)?);
         Ok(())
     })
 }

@@ -98,7 +98,7 @@ pub(crate) unsafe fn config_free(ptr: *mut kvgate_config) {
 }
 
 pub(crate) fn gate_into_raw(handle: Arc<GateHandle>) -> *mut kvgate_gate {
-    Arc::into_raw(handle).cast_mut().cast()
+    arc_into_raw(handle)
 }
 
 /// Borrows the handle for the duration of a call.
@@ -112,8 +112,8 @@ pub(crate) unsafe fn gate_ref<'a>(
     ptr: *mut kvgate_gate,
     arg: Arg,
 ) -> Result<&'a GateHandle, Failure> {
-    // SAFETY: non-NULL pointers are live `Arc<GateHandle>` payloads (caller).
-    unsafe { ptr.cast_const().cast::<GateHandle>().as_ref() }.ok_or_else(|| null(arg))
+    // SAFETY: forwarded (caller).
+    unsafe { arc_ref(ptr.cast_const(), arg) }
 }
 
 /// A counted reference to the handle, for calls that may still run after
@@ -126,10 +126,43 @@ pub(crate) unsafe fn gate_clone(
     ptr: *mut kvgate_gate,
     arg: Arg,
 ) -> Result<Arc<GateHandle>, Failure> {
+    // SAFETY: forwarded (caller).
+    unsafe { arc_clone(ptr.cast_const(), arg) }
+}
+
+/// Takes back the host's reference; NULL gives `None`.
+///
+/// # Safety
+/// `ptr` is NULL or came from [`gate_into_raw`] and is taken back exactly once.
+pub(crate) unsafe fn gate_take(ptr: *mut kvgate_gate) -> Option<Arc<GateHandle>> {
+    // SAFETY: forwarded (caller).
+    unsafe { arc_take(ptr.cast_const()) }
+}
+
+// The handles that are an `Arc<T>` (`kvgate_gate *`, `kvgate_waker *`): the
+// host holds one reference, from `arc_into_raw` until `arc_take`.
+
+fn arc_into_raw<T, H>(value: Arc<T>) -> *mut H {
+    Arc::into_raw(value).cast_mut().cast()
+}
+
+/// # Safety
+/// `ptr` is NULL or came from [`arc_into_raw`] with this `T`, and the
+/// host's reference is not taken back during `'a`.
+unsafe fn arc_ref<'a, T, H>(ptr: *const H, arg: Arg) -> Result<&'a T, Failure> {
+    // SAFETY: non-NULL pointers are live `Arc<T>` payloads (caller).
+    unsafe { ptr.cast::<T>().as_ref() }.ok_or_else(|| null(arg))
+}
+
+/// A counted reference of its own, for whatever outlives the call.
+///
+/// # Safety
+/// As [`arc_ref`], at the moment of the call.
+unsafe fn arc_clone<T, H>(ptr: *const H, arg: Arg) -> Result<Arc<T>, Failure> {
     if ptr.is_null() {
         return Err(null(arg));
     }
-    let ptr = ptr.cast_const().cast::<GateHandle>();
+    let ptr = ptr.cast::<T>();
     // SAFETY: `ptr` came from `Arc::into_raw` and that reference is still held
     // by the host (caller), so the count is at least one while we add ours.
     unsafe {
@@ -138,16 +171,15 @@ pub(crate) unsafe fn gate_clone(
     }
 }
 
-/// Takes back the host's reference; NULL gives `None`.
-///
 /// # Safety
-/// `ptr` is NULL or came from [`gate_into_raw`] and is taken back exactly once.
-pub(crate) unsafe fn gate_take(ptr: *mut kvgate_gate) -> Option<Arc<GateHandle>> {
+/// `ptr` is NULL or came from [`arc_into_raw`] with this `T`, and is taken
+/// back exactly once.
+unsafe fn arc_take<T, H>(ptr: *const H) -> Option<Arc<T>> {
     if ptr.is_null() {
         return None;
     }
     // SAFETY: the host's reference from `Arc::into_raw`, handed back once (caller).
-    Some(unsafe { Arc::from_raw(ptr.cast_const().cast::<GateHandle>()) })
+    Some(unsafe { Arc::from_raw(ptr.cast::<T>()) })
 }
 
 /// A `(pointer, length)` array argument. A length of 0 gives the empty
@@ -307,7 +339,7 @@ fn null(arg: Arg) -> Failure {
 }
 
 pub(crate) fn waker_into_raw(waker: Arc<Waker>) -> *mut kvgate_waker {
-    Arc::into_raw(waker).cast_mut().cast()
+    arc_into_raw(waker)
 }
 
 /// Borrows a waker for the duration of a call.
@@ -315,8 +347,8 @@ pub(crate) fn waker_into_raw(waker: Arc<Waker>) -> *mut kvgate_waker {
 /// # Safety
 /// `ptr` is NULL or came from [`waker_into_raw`] and is not freed during `'a`.
 pub(crate) unsafe fn waker_ref<'a>(ptr: *const kvgate_waker) -> Result<&'a Waker, Failure> {
-    // SAFETY: non-NULL pointers are live `Arc<Waker>` payloads (caller).
-    unsafe { ptr.cast::<Waker>().as_ref() }.ok_or_else(|| null("waker"))
+    // SAFETY: forwarded (caller).
+    unsafe { arc_ref(ptr, "waker") }
 }
 
 /// A counted reference to a waker, for an attempt that keeps it.
@@ -324,16 +356,8 @@ pub(crate) unsafe fn waker_ref<'a>(ptr: *const kvgate_waker) -> Result<&'a Waker
 /// # Safety
 /// As [`waker_ref`], at the moment of the call.
 pub(crate) unsafe fn waker_clone(ptr: *const kvgate_waker) -> Result<Arc<Waker>, Failure> {
-    if ptr.is_null() {
-        return Err(null("waker"));
-    }
-    let ptr = ptr.cast::<Waker>();
-    // SAFETY: `ptr` came from `Arc::into_raw` and the host still holds that
-    // reference (caller), so the count is at least one while we add ours.
-    unsafe {
-        Arc::increment_strong_count(ptr);
-        Ok(Arc::from_raw(ptr))
-    }
+    // SAFETY: forwarded (caller).
+    unsafe { arc_clone(ptr, "waker") }
 }
 
 /// Takes back the host's reference to a waker; NULL gives `None`.
@@ -341,11 +365,8 @@ pub(crate) unsafe fn waker_clone(ptr: *const kvgate_waker) -> Result<Arc<Waker>,
 /// # Safety
 /// `ptr` is NULL or came from [`waker_into_raw`] and is taken back exactly once.
 pub(crate) unsafe fn waker_take(ptr: *mut kvgate_waker) -> Option<Arc<Waker>> {
-    if ptr.is_null() {
-        return None;
-    }
-    // SAFETY: the host's reference from `Arc::into_raw`, handed back once (caller).
-    Some(unsafe { Arc::from_raw(ptr.cast_const().cast::<Waker>()) })
+    // SAFETY: forwarded (caller).
+    unsafe { arc_take(ptr.cast_const()) }
 }
 
 pub(crate) fn attempt_into_raw(attempt: Box<AttemptHandle>) -> *mut kvgate_attempt {
