@@ -17,6 +17,7 @@
 // passed".
 #include "engine.hpp"
 #include "kvgate.hpp"
+#include "check.hpp"
 
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -32,18 +33,6 @@
 #include <vector>
 
 namespace {
-
-int checks_passed = 0;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n  last error: %s\n",      \
-                         __FILE__, __LINE__, #cond, kvgate_last_error());            \
-            std::exit(1);                                                            \
-        }                                                                            \
-        checks_passed++;                                                             \
-    } while (0)
 
 // Runs `body`, which must throw kvgate::Error with `status` and a message
 // containing `fragment`.

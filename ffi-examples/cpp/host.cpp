@@ -6,6 +6,7 @@
 // line is "cpp host: N checks passed".
 #include "engine.hpp"
 #include "kvgate.hpp"
+#include "check.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -17,18 +18,6 @@
 #include <vector>
 
 namespace {
-
-int checks_passed = 0;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n  last error: %s\n",      \
-                         __FILE__, __LINE__, #cond, kvgate_last_error());            \
-            std::exit(1);                                                            \
-        }                                                                            \
-        checks_passed++;                                                             \
-    } while (0)
 
 using namespace std::chrono_literals;
 
