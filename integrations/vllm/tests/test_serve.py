@@ -27,41 +27,35 @@ def wait_for(what: str, cond: Callable[[], bool]) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def gated(tmp_path_factory: Any) -> Iterator[Server]:
-    # The seed's table with a low watermark, so a cold turn waits while another
-    # turn runs (for the abort check): these tests are about the plumbing.
-    log = tmp_path_factory.mktemp("serve") / "gated.log"
-    srv = Server(gate=True, config="admission_mode=reference,high_watermark=0.05,wait_poll_sec=60", log_path=str(log))
+def _running(tmp_path_factory: Any, name: str, **server: Any) -> Iterator[Server]:
+    """A `Server(**server)` for a module's tests, logging to `<name>.log`, stopped after them."""
+    log = tmp_path_factory.mktemp("serve") / f"{name}.log"
+    srv = Server(log_path=str(log), **server)
     try:
         srv.wait_ready()
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory: Any) -> Iterator[Server]:
+    # The seed's table with a low watermark, so a cold turn waits while another
+    # turn runs (for the abort check): these tests are about the plumbing.
+    config = "admission_mode=reference,high_watermark=0.05,wait_poll_sec=60"
+    yield from _running(tmp_path_factory, "gated", gate=True, config=config)
 
 
 @pytest.fixture(scope="module")
 def default(tmp_path_factory: Any) -> Iterator[Server]:
     # The library's defaults: working-set admission, which needs the engine's
     # capacity (the async capacity probe) and each turn's figures.
-    log = tmp_path_factory.mktemp("serve") / "default.log"
-    srv = Server(gate=True, log_path=str(log))
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
+    yield from _running(tmp_path_factory, "default", gate=True)
 
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory: Any) -> Iterator[Server]:
-    log = tmp_path_factory.mktemp("serve") / "plain.log"
-    srv = Server(gate=False, log_path=str(log))
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
+    yield from _running(tmp_path_factory, "plain", gate=False)
 
 
 def complete(srv: Server, prompt: list[int], n: int, headers: dict[str, str] | None = None) -> Any:
