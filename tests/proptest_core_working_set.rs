@@ -449,7 +449,7 @@ impl Harness {
                         "reserved_session for session {s}, never admitted since it finished"
                     );
                 } else {
-                    self.check_order(s, collected)?;
+                    self.check_order(s, adm.reason, collected)?;
                 }
                 if in_flight.contains(&s) && !collected {
                     prop_assert_eq!(
@@ -512,8 +512,10 @@ impl Harness {
     /// Order: nobody the harness knows to be in line ahead of `s` is still
     /// waiting (returning sessions ahead of new ones, FIFO within each). A
     /// grant collected now was made earlier: only sessions that were in line
-    /// before `s` joined it can have been ahead of it then.
-    fn check_order(&self, s: usize, collected: bool) -> Result<(), TestCaseError> {
+    /// before `s` joined it can have been ahead of it then. A new session
+    /// may pass returning ones only into room they could not use, so only
+    /// with `fits_working_set`; it never passes a new one.
+    fn check_order(&self, s: usize, reason: Reason, collected: bool) -> Result<(), TestCaseError> {
         let me = &self.sh[s];
         if me.class_unknown {
             return Ok(());
@@ -530,7 +532,8 @@ impl Harness {
             let Some((Some(ret_o), seq_o)) = sh.queued else {
                 continue;
             };
-            let mut ahead = (ret_o && !ret_s) || (ret_o == ret_s && seq_o < seq_s);
+            let passed_returning = ret_o && !ret_s && reason != Reason::FitsWorkingSet;
+            let mut ahead = passed_returning || (ret_o == ret_s && seq_o < seq_s);
             if collected {
                 ahead &= seq_o < seq_s;
             }

@@ -62,14 +62,17 @@ fn admitted(
         true,
     ) = (was, v != Verdict::Member)
     {
-        // FIFO: nobody of its class, and no returning session if it is new, waited longer.
+        // FIFO: nobody of its class waited longer, and no returning session
+        // if it is new, unless it took room the returning head could not
+        // use (it fits, and then it is the first new one: FIFO still holds).
         for (o, d) in &m.doing {
             if let Doing::Waiting {
                 since_seq: other,
                 returning: r,
             } = d
             {
-                let ahead = (*r && !returning) || (*r == returning && *other < since_seq);
+                let passed_returning = *r && !returning && v != Verdict::Fits;
+                let ahead = passed_returning || (*r == returning && *other < since_seq);
                 prop_assert!(
                     !(*o != s && ahead),
                     "{} admitted ({:?}) ahead of {}",
