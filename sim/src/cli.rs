@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use crate::policy::Policy;
 use crate::scenario::Scenario;
+use crate::simulation::CapacityProbe;
 
 /// Parsed options.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +25,8 @@ pub struct Options {
     pub seeds: Option<Vec<u64>>,
     /// Fit step-time coefficients from a real engine's step CSV.
     pub fit_steps: Option<PathBuf>,
+    /// Overrides what every scenario's engine tells the capacity probe.
+    pub capacity_probe: Option<CapacityProbe>,
 }
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
@@ -36,6 +39,7 @@ kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and 
 USAGE:
     kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--sweep]
     kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
+    (either form also takes --capacity-probe full|no-rate|usage-only)
     kvgate-sim --fit-steps STEPS.csv
 
 OPTIONS:
@@ -54,6 +58,10 @@ OPTIONS:
                    writes DIR/judge.{csv,json,md} [default policies: none, kvgate,
                    kvgate:mode=reference, thunderagent, progress-ttl]
     --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
+    --capacity-probe P
+                   what the engines tell the gate's capacity probe: full (KV tokens, block
+                   size, best prefill rate), no-rate (as vllm serve's probes), usage-only
+                   (nothing: the gate has the usage gauge) [default: the scenario's, full]
     --fit-steps F  fit beta0..beta2 (beta3 with a context_tokens column) to a real engine's
                    step timings (the CSV of real_engine.py --steps-csv) and print them
     -h, --help     this text";
@@ -70,6 +78,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         judge: false,
         seeds: None,
         fit_steps: None,
+        capacity_probe: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -99,6 +108,9 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             "--judge" => o.judge = true,
             "--fit-steps" => o.fit_steps = Some(PathBuf::from(value("--fit-steps")?)),
             "--seeds" => o.seeds = Some(crate::judge::parse_seeds(&value("--seeds")?)?),
+            "--capacity-probe" => {
+                o.capacity_probe = Some(CapacityProbe::parse(&value("--capacity-probe")?)?)
+            }
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
     }
@@ -176,6 +188,16 @@ mod tests {
         assert!(parse(args("--seed x")).is_err());
         assert!(parse(args("--bogus")).is_err());
         assert!(parse(args("--out")).is_err());
+        let o = parse(args("--capacity-probe usage-only")).unwrap().unwrap();
+        assert_eq!(o.capacity_probe, Some(CapacityProbe::UsageOnly));
+        assert_eq!(
+            o.capacity_probe,
+            parse(args("--capacity-probe=usage-only"))
+                .unwrap()
+                .unwrap()
+                .capacity_probe
+        );
+        assert!(parse(args("--capacity-probe some")).is_err());
     }
 
     #[test]

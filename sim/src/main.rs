@@ -50,7 +50,7 @@ fn run(o: &Options) -> Result<(), String> {
         return run_judge(o, &names, &out_root);
     }
     for name in names {
-        let scenario = Scenario::load(&name)?;
+        let scenario = load(o, &name)?;
         let (policies, with_cap_best) = select(&scenario, o.policies.as_deref())?;
         let seed = o.seed.unwrap_or(scenario.seed);
         if o.sweep {
@@ -62,10 +62,19 @@ fn run(o: &Options) -> Result<(), String> {
     Ok(())
 }
 
+/// A scenario, with the command line's capacity probe if it names one.
+fn load(o: &Options, name: &str) -> Result<Scenario, String> {
+    let mut scenario = Scenario::load(name)?;
+    if let Some(probe) = o.capacity_probe {
+        scenario.deployment.capacity_probe = probe;
+    }
+    Ok(scenario)
+}
+
 fn run_judge(o: &Options, names: &[String], out_root: &std::path::Path) -> Result<(), String> {
     let scenarios = names
         .iter()
-        .map(|n| Scenario::load(n))
+        .map(|n| load(o, n))
         .collect::<Result<Vec<_>, _>>()?;
     let specs = match &o.policies {
         Some(list) => list.clone(),
@@ -84,6 +93,9 @@ fn run_judge(o: &Options, names: &[String], out_root: &std::path::Path) -> Resul
         seeds,
         policies.len()
     );
+    if let Some(probe) = o.capacity_probe {
+        println!("  every engine answers the capacity probe as {probe:?}");
+    }
     for p in &policies {
         println!("  {:<32} {}", p.name, p.describe());
     }
@@ -176,7 +188,7 @@ fn run_scenario(
     let final_history: usize = w.sessions.iter().map(|s| s.max_request_tokens()).sum();
     println!("== scenario {}: {}", scenario.name, scenario.description);
     println!(
-        "seed {seed} | {} replica(s) x {} KV tokens ({} blocks of {}) | budget {} tokens/step | step = {} ms + {} us/prefill tok + {} us/decode tok + {:.4} us/context tok | probe rtt {} ms",
+        "seed {seed} | {} replica(s) x {} KV tokens ({} blocks of {}) | budget {} tokens/step | step = {} ms + {} us/prefill tok + {} us/decode tok + {:.4} us/context tok | probe rtt {} ms | capacity probe {:?}",
         d.replicas,
         d.engine.capacity_tokens(),
         d.engine.num_gpu_blocks,
@@ -186,7 +198,8 @@ fn run_scenario(
         d.engine.cost.beta1_us,
         d.engine.cost.beta2_us,
         d.engine.cost.beta3_us,
-        d.probe_rtt_ns as f64 / 1e6
+        d.probe_rtt_ns as f64 / 1e6,
+        d.capacity_probe
     );
     let limit = bound::lower_bound(&d.engine, d.replicas, &w);
     println!(

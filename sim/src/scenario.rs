@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::engine::{EngineConfig, StepCost};
 use crate::policy::{Policy, PolicyEntry};
-use crate::simulation::Deployment;
+use crate::simulation::{CapacityProbe, Deployment};
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
@@ -44,6 +44,9 @@ struct File {
     probe_rtt_ms: f64,
     #[serde(default = "default_limit")]
     time_limit_s: f64,
+    /// What the engine tells the capacity probe: `full`, `no-rate`, `usage-only`.
+    #[serde(default)]
+    capacity_probe: CapacityProbe,
     #[serde(default)]
     engine: EngineFile,
     workload: WorkloadConfig,
@@ -165,6 +168,7 @@ impl Scenario {
                 replicas: f.replicas,
                 probe_rtt_ns: secs_to_ns(f.probe_rtt_ms / 1e3),
                 time_limit_ns: secs_to_ns(f.time_limit_s),
+                capacity_probe: f.capacity_probe,
             },
             workload: f.workload,
             policies,

@@ -37,6 +37,38 @@ pub struct Deployment {
     pub probe_rtt_ns: u64,
     /// A run still going at this simulated time is stopped and reported unfinished.
     pub time_limit_ns: u64,
+    /// What the engine tells the gate's capacity probe.
+    pub capacity_probe: CapacityProbe,
+}
+
+/// What an engine's host can tell the gate about its KV cache: hosts differ
+/// (vLLM's API server knows its blocks but not its prefill rate; a proxy in
+/// front of an engine it does not own may know neither), and the gate must
+/// work for all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CapacityProbe {
+    /// KV tokens, block size and the best prefill rate measured.
+    #[default]
+    Full,
+    /// KV tokens and block size, no prefill rate (as `vllm serve`'s probes).
+    NoRate,
+    /// Nothing: the gate has only the usage gauge and what turns report.
+    UsageOnly,
+}
+
+impl CapacityProbe {
+    /// Parses `full`, `no-rate` or `usage-only`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "full" => Ok(Self::Full),
+            "no-rate" => Ok(Self::NoRate),
+            "usage-only" => Ok(Self::UsageOnly),
+            other => Err(format!(
+                "capacity probe `{other}`: expected full, no-rate or usage-only"
+            )),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -397,11 +429,16 @@ impl Sim<'_> {
         // its KV tokens, block size, and the best prefill rate it measured.
         let capacity = (kind == ProbeKind::Usage).then(|| {
             let e = self.deployment.engine;
-            EngineCapacity::new(
-                e.capacity_tokens() as u64,
-                e.block_size as u32,
-                self.best_prefill_rate[replica],
-            )
+            let rate = self.best_prefill_rate[replica];
+            match self.deployment.capacity_probe {
+                CapacityProbe::Full => {
+                    EngineCapacity::new(e.capacity_tokens() as u64, e.block_size as u32, rate)
+                }
+                CapacityProbe::NoRate => {
+                    EngineCapacity::new(e.capacity_tokens() as u64, e.block_size as u32, 0.0)
+                }
+                CapacityProbe::UsageOnly => EngineCapacity::new(0, 0, 0.0),
+            }
         });
         let value = match kind {
             ProbeKind::Usage => r.usage(),
