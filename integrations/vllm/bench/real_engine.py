@@ -49,7 +49,7 @@ from typing import Any, Callable, Optional
 
 import kvgate
 
-from kvgate_vllm import feedback, knobs
+from kvgate_vllm import feedback, knobs, prefill_rate
 from kvgate_vllm.engine import core_of, make_engine, sampling
 from kvgate_vllm.workload import Workload
 
@@ -231,11 +231,18 @@ class KvgateAdmission(Admission):
         self.loop = loop
         core = loop.core
         capacity = feedback.capacity_of(core.kvgate_capacity())  # asked on the engine thread, before it runs
+        assert capacity is not None
+
+        def capacity_now(sid: bytes) -> kvgate.Capacity:
+            # The blocks never change; the engine's measured prefill rate is a
+            # float the engine thread writes and this reads (one dict lookup).
+            return capacity._replace(prefill_tokens_per_sec=prefill_rate.best_rate(core))
+
         self.gate = kvgate.Gate(
             knobs.config(config),
             kvgate.Probes(
                 usage=lambda sid: loop.call(core.kvgate_usage),
-                capacity=lambda sid: capacity,
+                capacity=capacity_now,
                 prefix=self._prefix,
             ),
         )

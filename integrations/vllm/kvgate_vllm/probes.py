@@ -8,7 +8,9 @@ calls on the `EngineCore` object:
 - `kvgate_usage()` -> float: the block pool's usage (`kv_cache_manager.usage`,
   the engine's own figure: blocks referenced by running requests).
 - `kvgate_capacity()` -> dict: `num_gpu_blocks`, `block_size`, `capacity_tokens`
-  (num_gpu_blocks x block_size) and `usable_tokens` (minus the null block).
+  (num_gpu_blocks x block_size), `usable_tokens` (minus the null block) and
+  `prefill_tokens_per_sec` (the best prefill rate the engine's steps showed,
+  0 before any; kvgate_vllm.prefill_rate).
 - `kvgate_prefix(prompt_ids, lora=None, cache_salt=None, session=None)` ->
   [hit_tokens, num_tokens]: the prefix the engine would reuse for this prompt
   now. Block hashes come from the engine's own `request_block_hasher` (its
@@ -32,6 +34,8 @@ from __future__ import annotations
 
 import collections
 from typing import Any, Optional, Sequence
+
+from . import prefill_rate
 
 #: Sessions whose hash chains are kept per engine (LRU beyond that).
 MAX_CACHED_CHAINS = 4096
@@ -127,7 +131,7 @@ def kvgate_usage(self: Any) -> float:
     return float(_kv_manager(self).usage)
 
 
-def kvgate_capacity(self: Any) -> dict[str, int]:
+def kvgate_capacity(self: Any) -> dict[str, Any]:
     pool = _kv_manager(self).block_pool
     block_size = int(self.vllm_config.cache_config.block_size)
     return {
@@ -135,6 +139,7 @@ def kvgate_capacity(self: Any) -> dict[str, int]:
         "block_size": block_size,
         "capacity_tokens": int(pool.num_gpu_blocks) * block_size,
         "usable_tokens": (int(pool.num_gpu_blocks) - 1) * block_size,
+        "prefill_tokens_per_sec": prefill_rate.best_rate(self),
     }
 
 
@@ -177,6 +182,7 @@ def install() -> None:
     for name, fn in PROBE_METHODS.items():
         if getattr(EngineCore, name, None) is not fn:
             setattr(EngineCore, name, fn)
+    prefill_rate.install()
 
 
 def chain_len(core: Any, session: str) -> int:

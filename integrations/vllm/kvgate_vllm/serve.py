@@ -47,6 +47,7 @@ import contextvars
 import hashlib
 import logging
 import os
+import time
 from typing import Any, AsyncGenerator, Optional
 
 import kvgate
@@ -68,6 +69,9 @@ FINAL_HEADERS = ("x-dynamo-session-final", "x-session-final")
 #: A probe not answered within this is "unavailable" (kvgate then decides
 #: without it); the utility call's late answer is dropped by vLLM.
 PROBE_TIMEOUT_SEC = 30.0
+#: How old a cached capacity answer may get before it is asked again (its
+#: prefill rate improves as the engine runs).
+CAPACITY_REFRESH_SEC = 5.0
 
 _headers: contextvars.ContextVar[Optional[dict[str, str]]] = contextvars.ContextVar("kvgate_headers", default=None)
 _installed = False
@@ -147,8 +151,10 @@ class Gates:
         # The LoRA / cache_salt of each session's turn being admitted, for its
         # prefix probe (kvgate keeps at most one waiting attempt per session).
         self.keys: dict[bytes, CacheKey] = {}
-        # The engine's kvgate_capacity answer, per engine (asked once).
-        self.capacities: dict[int, kvgate.Capacity] = {}
+        # The engine's kvgate_capacity answer per engine, and when it was asked
+        # (time.monotonic()): its blocks never change, its measured prefill rate
+        # only improves, so it is asked again now and then (CAPACITY_REFRESH_SEC).
+        self.capacities: dict[int, tuple[kvgate.Capacity, float]] = {}
         self._capacity_asks: dict[int, asyncio.Future] = {}
 
     @property
@@ -187,24 +193,42 @@ class Gates:
 
     async def capacity(self, rank: int) -> Optional[kvgate.Capacity]:
         """The engine's KV capacity: asked once (concurrent first probes share
-        the one ask), then cached; a failed ask is asked again next time."""
+        the one ask), then cached; a failed ask is asked again next time. The
+        engine's prefill rate is measured as it runs, so a cached answer older
+        than CAPACITY_REFRESH_SEC is refreshed in the background: the probe
+        answers the cached one at once, and costs one UTILITY call per
+        refresh period, not one per admission."""
         known = self.capacities.get(rank)
         if known is not None:
-            return known
+            cap, asked_at = known
+            if time.monotonic() - asked_at >= CAPACITY_REFRESH_SEC and rank not in self._capacity_asks:
+                self._ask_capacity(rank)
+            return cap
+        return await self._await_capacity(rank)
+
+    def _ask_capacity(self, rank: int) -> asyncio.Future:
         ask = self._capacity_asks.get(rank)
         if ask is None:
             ask = self._capacity_asks[rank] = asyncio.ensure_future(self._utility(rank, "kvgate_capacity"))
             ask.add_done_callback(_retrieved)  # a failure nobody awaits any more is not "never retrieved"
-        try:
-            # shield: a probe cancelled with its request leaves the ask to the others
-            answer = await asyncio.shield(ask)
-        finally:
-            if ask.done() and self._capacity_asks.get(rank) is ask:
-                del self._capacity_asks[rank]  # answered, failed or cancelled: the next probe asks again if need be
-        cap = feedback.capacity_of(answer)
+            ask.add_done_callback(lambda fut: self._capacity_answered(rank, fut))
+        return ask
+
+    def _capacity_answered(self, rank: int, ask: asyncio.Future) -> None:
+        if self._capacity_asks.get(rank) is ask:
+            del self._capacity_asks[rank]  # answered, failed or cancelled: the next probe asks again if need be
+        if ask.cancelled() or ask.exception() is not None:
+            return
+        cap = feedback.capacity_of(ask.result())
         if cap is not None:
-            self.capacities[rank] = cap
-        return cap
+            self.capacities[rank] = (cap, time.monotonic())
+
+    async def _await_capacity(self, rank: int) -> Optional[kvgate.Capacity]:
+        # shield: a probe cancelled with its request leaves the ask to the others.
+        # The ask's own callback (registered first) has cached the answer by the
+        # time this resumes.
+        answer = await asyncio.shield(self._ask_capacity(rank))
+        return feedback.capacity_of(answer)
 
     def metrics_text(self) -> list[tuple[int, str]]:
         gates = list(self.gates.items())

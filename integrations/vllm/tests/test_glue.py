@@ -62,3 +62,37 @@ def test_a_session_is_pinned_to_one_engine() -> None:
     ranks = {serve.engine_for(f"agent-{i}", 4) for i in range(200)}
     assert ranks == {0, 1, 2, 3}
     assert all(serve.engine_for("agent-7", 4) == serve.engine_for("agent-7", 4) for _ in range(10))
+
+
+def test_the_capacity_answer_is_refreshed_for_the_engines_measured_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's prefill rate improves as it runs: `Gates.capacity` answers
+    its cached answer at once and, once that is older than
+    CAPACITY_REFRESH_SEC, asks the engine again in the background."""
+    import asyncio
+
+    answers = iter([1000.0, 5000.0, 9000.0])
+    calls: list[str] = []
+
+    async def utility(rank: int, method: str, *args: object) -> dict:
+        calls.append(method)
+        return {"capacity_tokens": 12800, "block_size": 32, "prefill_tokens_per_sec": next(answers)}
+
+    gates = object.__new__(serve.Gates)
+    gates.capacities, gates._capacity_asks = {}, {}
+    gates._utility = utility  # the engine's UTILITY call (what is tested is the caching around it)
+    now = [100.0]
+    monkeypatch.setattr(serve.time, "monotonic", lambda: now[0])
+
+    async def scenario() -> list[float]:
+        rates = [(await gates.capacity(0)).prefill_tokens_per_sec]  # first: awaited
+        rates.append((await gates.capacity(0)).prefill_tokens_per_sec)  # fresh: cached, no call
+        now[0] += serve.CAPACITY_REFRESH_SEC
+        rates.append((await gates.capacity(0)).prefill_tokens_per_sec)  # stale: cached, refresh started
+        rates.append((await gates.capacity(0)).prefill_tokens_per_sec)  # the refresh is still out: no second ask
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        rates.append((await gates.capacity(0)).prefill_tokens_per_sec)  # refreshed
+        return rates
+
+    assert asyncio.run(scenario()) == [1000.0, 1000.0, 1000.0, 1000.0, 5000.0]
+    assert calls == ["kvgate_capacity", "kvgate_capacity"]

@@ -8,11 +8,14 @@ its `vllm:cache_config_info`. No mock of vLLM anywhere."""
 from __future__ import annotations
 
 import random
+import time
+from types import SimpleNamespace
 from typing import Any
 
 import prometheus_client
 import pytest
 
+from kvgate_vllm import prefill_rate
 from kvgate_vllm.engine import core_of, random_prompt, run_to_completion, sampling
 
 
@@ -129,6 +132,45 @@ def test_usage_and_capacity_match_the_engine(engine: Any) -> None:
         assert usage == pytest.approx(gauge("vllm:kv_cache_usage_perc").value)  # the engine's own figure
         seen.append(usage)
     assert max(seen) > 0.4 and core.kvgate_usage() == 0.0
+
+
+def test_the_capacity_probe_answers_the_prefill_rate_the_steps_showed(engine: Any) -> None:
+    """The rate is the best of prefill-heavy steps: no better than the engine
+    did on any one of them, and measured only from steps that prefilled at
+    least a quarter of the token budget (2,048 here)."""
+    core = core_of(engine)
+    budget = core.vllm_config.scheduler_config.max_num_batched_tokens
+    rng = random.Random(11)
+    rates = []
+    for _ in range(3):
+        # Two 900-token prompts at once: one step prefills 1,800 tokens.
+        rids = [f"rate-{next(_ids)}" for _ in range(2)]
+        for rid in rids:
+            engine.add_request(rid, {"prompt_token_ids": random_prompt(rng, 900)}, sampling(2))
+        started = time.perf_counter()
+        engine.step()
+        first_step = time.perf_counter() - started
+        run_to_completion(engine, set(rids))
+        rates.append(core.kvgate_capacity()["prefill_tokens_per_sec"])
+        # This step prefilled 1,800 tokens in `first_step` (plus the wrapper's
+        # own time), so the best rate is at least that.
+        assert rates[-1] >= 1800 / first_step * 0.99
+    assert rates[0] > 0 and rates == sorted(rates), rates
+    # What counts: requests scheduled for more than one token (decode is one).
+    assert prefill_rate.prefill_tokens(_Scheduled({"a": 1, "b": 700, "c": 1, "d": 2})) == 702
+    # A step below a quarter of the budget says more about the step's fixed
+    # cost than about the rate: not sampled.
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=budget))
+    fake = SimpleNamespace(vllm_config=config)
+    prefill_rate._record(fake, _Scheduled({"a": budget // 4 - 1}), 0.001)
+    assert prefill_rate.best_rate(fake) == 0.0
+    prefill_rate._record(fake, _Scheduled({"a": budget // 4}), 0.001)
+    assert prefill_rate.best_rate(fake) == pytest.approx(budget // 4 / 0.001)
+
+
+class _Scheduled:
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.num_scheduled_tokens = counts
 
 
 def snapshot(engine: Any) -> dict[str, Any]:

@@ -1,0 +1,107 @@
+"""The engine's measured prefill rate, answered by the capacity probe.
+
+kvgate's working-set window is the time the engine takes to prefill its whole
+cache (capacity / prefill rate). Without a rate from the engine, the gate
+estimates one from turn reports (uncached tokens over admission-to-release
+time). A turn's duration is mostly decode, so that estimate comes out several
+times too low, and the window and the wait bound come out several times too
+long. In the simulator, on `mid-tools`, a host without the rate saw p99 turn
+latency of 236 s and waits of 380 s, against 51 s and 48 s with it.
+
+The engine knows better: each step schedules some prefill tokens and takes
+some time. `install()` wraps `EngineCore.step` to time each step and count the
+prefill tokens it scheduled: requests scheduled for more than one token
+(decode schedules one). The best rate of a step whose prefill is at least a
+quarter of the token budget is kept on the engine core, and `kvgate_capacity`
+answers it. A smaller step says more about the fixed cost per step than about
+the prefill rate. This is the simulator's rule (`sim/src/simulation.rs`).
+
+`step_with_batch_queue` (pipeline parallelism) overlaps scheduling and
+execution, so a step's time is not its work: it is not timed. With it, the
+capacity probe answers no rate, and the gate falls back to the turn reports.
+
+Cost per step: two `perf_counter` calls and a sum over the step's scheduled
+requests. The scheduler's `schedule` is wrapped on the instance (its class
+varies with the configuration) to see what the step scheduled.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Callable
+
+#: Steps whose prefill is below this fraction of the token budget are not sampled.
+MIN_BUDGET_FRACTION = 0.25
+
+_RATE = "_kvgate_prefill_rate"
+_SCHEDULED = "_kvgate_scheduled"
+_WATCHED = "_kvgate_watched_scheduler"
+
+
+def best_rate(core: Any) -> float:
+    """Best prefill rate the engine's steps showed so far, tokens/s (0 before any)."""
+    return float(core.__dict__.get(_RATE, 0.0))
+
+
+def prefill_tokens(scheduler_output: Any) -> int:
+    """Tokens a step scheduled for requests in prefill (more than one token each)."""
+    return sum(n for n in scheduler_output.num_scheduled_tokens.values() if n > 1)
+
+
+def _watch_schedules(core: Any) -> None:
+    """Keeps the scheduler output of the step in progress on the engine core."""
+    scheduler = core.scheduler
+    if core.__dict__.get(_WATCHED) is scheduler:
+        return
+    schedule = scheduler.schedule
+
+    @functools.wraps(schedule)
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        out = schedule(*args, **kwargs)
+        core.__dict__[_SCHEDULED] = out
+        return out
+
+    scheduler.schedule = watched
+    core.__dict__[_WATCHED] = scheduler
+
+
+def _record(core: Any, scheduler_output: Any, seconds: float) -> None:
+    budget = int(core.vllm_config.scheduler_config.max_num_batched_tokens)
+    tokens = prefill_tokens(scheduler_output)
+    if seconds <= 0.0 or tokens < MIN_BUDGET_FRACTION * budget:
+        return
+    rate = tokens / seconds
+    if rate > best_rate(core):
+        core.__dict__[_RATE] = rate
+
+
+def timed(step: Callable[..., Any]) -> Callable[..., Any]:
+    """`EngineCore.step`, timed (idempotent: a timed step is returned as it is)."""
+    if getattr(step, "_kvgate_timed", False):
+        return step
+
+    @functools.wraps(step)
+    def timed_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _watch_schedules(self)
+        self.__dict__.pop(_SCHEDULED, None)
+        start = time.perf_counter()
+        result = step(self, *args, **kwargs)
+        seconds = time.perf_counter() - start
+        scheduled = self.__dict__.pop(_SCHEDULED, None)
+        if scheduled is not None:
+            _record(self, scheduled, seconds)
+        return result
+
+    timed_step._kvgate_timed = True  # type: ignore[attr-defined]
+    return timed_step
+
+
+def install() -> None:
+    """Times `EngineCore.step` (idempotent). It must run before an engine core is
+    built: the core binds `step` into its busy loop's `step_fn` at construction.
+    vLLM loads general plugins at the start of `EngineCore.__init__`, so the
+    plugin's `register()` is early enough."""
+    from vllm.v1.engine.core import EngineCore
+
+    EngineCore.step = timed(EngineCore.step)
