@@ -429,14 +429,15 @@ impl Sim<'_> {
         // its KV tokens, block size, and the best prefill rate it measured.
         let capacity = (kind == ProbeKind::Usage).then(|| {
             let e = self.deployment.engine;
-            let rate = self.best_prefill_rate[replica];
+            let (tokens, block, rate) = (
+                e.capacity_tokens() as u64,
+                e.block_size as u32,
+                self.best_prefill_rate[replica],
+            );
+            // 0 is what the probe answers for a figure it cannot tell.
             match self.deployment.capacity_probe {
-                CapacityProbe::Full => {
-                    EngineCapacity::new(e.capacity_tokens() as u64, e.block_size as u32, rate)
-                }
-                CapacityProbe::NoRate => {
-                    EngineCapacity::new(e.capacity_tokens() as u64, e.block_size as u32, 0.0)
-                }
+                CapacityProbe::Full => EngineCapacity::new(tokens, block, rate),
+                CapacityProbe::NoRate => EngineCapacity::new(tokens, block, 0.0),
                 CapacityProbe::UsageOnly => EngineCapacity::new(0, 0, 0.0),
             }
         });

@@ -597,11 +597,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if self.members.is_empty() {
             return Verdict::Empty;
         }
-        let need = self.own(key, self.footprint(key, prompt_len));
-        // What would be counted with it in (the shared prefix included,
-        // even if the members are parked to make room), plus its own.
-        // ... and room for what the members' next turns will add.
-        let fits = |ws: &Self| (ws.counted() + ws.reserve_sum + need) as f64 <= ws.capacity();
+        let need = self.need(key, prompt_len);
+        let fits = |ws: &Self| ws.fits_beside_members(need);
         if fits(self) {
             return Verdict::Fits;
         }
@@ -637,12 +634,23 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return None;
         }
         let (_, cold) = self.queue.range((Class::New, 0)..).next()?;
-        let fits = |key: &K| {
-            let prompt = self.sessions[key].queued_prompt;
-            let need = self.own(key, self.footprint(key, prompt));
-            (self.counted() + self.reserve_sum + need) as f64 <= self.capacity()
-        };
+        let fits =
+            |key: &K| self.fits_beside_members(self.need(key, self.sessions[key].queued_prompt));
         (!fits(head) && fits(cold)).then_some(cold)
+    }
+
+    /// The tokens a session outside the working set would add by joining
+    /// with a `prompt_len`-token prompt: its footprint, less the shared
+    /// prefix already counted.
+    fn need(&self, key: &K, prompt_len: u64) -> u64 {
+        self.own(key, self.footprint(key, prompt_len))
+    }
+
+    /// Whether `need` more tokens fit: beside what is counted now (the
+    /// shared prefix included, even if the members are parked to make
+    /// room) and the room the members' next turns will take.
+    fn fits_beside_members(&self, need: u64) -> bool {
+        (self.counted() + self.reserve_sum + need) as f64 <= self.capacity()
     }
 
     fn dequeue(&mut self, key: &K) {
