@@ -31,6 +31,9 @@ use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
 use kvgate::{AcquireError, Config, GateStats, Reason, ReservationState, SessionStats};
 use proptest::prelude::*;
 
+#[path = "support/proptest_cases.rs"]
+mod proptest_cases;
+
 const SEC: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;
 /// The virtual clock starts here, so that observing at time 0 (see `check`)
@@ -1172,13 +1175,6 @@ fn run(config: Config, ops: &[Op]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1024)
-}
-
 /// What the generated cases reached, summed over a run: a guard against a
 /// generator that silently stops exercising part of the machine.
 #[derive(Debug, Default)]
@@ -1226,7 +1222,7 @@ thread_local! {
 #[test]
 fn the_core_behaves_as_the_reference_model() {
     let config = ProptestConfig {
-        cases: cases(),
+        cases: proptest_cases::cases(1024),
         max_shrink_iters: 20_000,
         // tests/proptest_core.proptest-regressions, committed: failures
         // found once are replayed first on every run.

@@ -64,6 +64,9 @@ use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
 use kvgate::{AcquireError, Config, EngineCapacity, GateStats, Reason, TurnReport};
 use proptest::prelude::*;
 
+#[path = "support/proptest_cases.rs"]
+mod proptest_cases;
+
 const SEC: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;
 const START: u64 = SEC;
@@ -1040,13 +1043,6 @@ fn run(long_poll: bool, ops: &[Op]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(384)
-}
-
 /// What the generated cases reached, summed over a run: a guard against a
 /// generator that silently stops exercising part of the machine.
 #[derive(Debug, Default)]
@@ -1087,7 +1083,7 @@ thread_local! {
 #[test]
 fn the_core_keeps_the_working_set_rules() {
     let config = ProptestConfig {
-        cases: cases(),
+        cases: proptest_cases::cases(384),
         max_shrink_iters: std::env::var("PROPTEST_MAX_SHRINK_ITERS")
             .ok()
             .and_then(|v| v.parse().ok())

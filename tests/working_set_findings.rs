@@ -21,20 +21,7 @@ impl Notify for Counting {
 /// Begins and decides one turn of `session` (1000 tokens of KV in blocks
 /// of 1, refilled in 1 s), expecting an admission.
 fn turn(core: &Core, session: &[u8], prompt: usize, now: u64) -> LeaseToken {
-    let mut attempt = core
-        .begin(
-            session,
-            prompt,
-            now,
-            None,
-            Box::new(Counting(Arc::new(AtomicUsize::new(0)))),
-        )
-        .unwrap();
-    assert!(matches!(attempt.start(now).unwrap(), Step::ProbeUsage));
-    match attempt
-        .on_cache_state(Some(0.1), Some(EngineCapacity::new(1000, 1, 1000.0)), now)
-        .unwrap()
-    {
+    match ask(core, session, prompt, now).1 {
         Step::Admitted(lease) => lease,
         other => panic!("expected an admission, got {other:?}"),
     }
