@@ -201,12 +201,18 @@ class Gates:
         known = self.capacities.get(rank)
         if known is not None:
             cap, asked_at = known
-            if time.monotonic() - asked_at >= CAPACITY_REFRESH_SEC and rank not in self._capacity_asks:
-                self._ask_capacity(rank)
+            if time.monotonic() - asked_at >= CAPACITY_REFRESH_SEC:
+                self._ask_capacity(rank)  # in the background (an ask still out is reused)
             return cap
-        return await self._await_capacity(rank)
+        # shield: a probe cancelled with its request leaves the ask to the others.
+        # The ask's own callback (registered first) has cached the answer by the
+        # time this resumes.
+        await asyncio.shield(self._ask_capacity(rank))
+        known = self.capacities.get(rank)
+        return known[0] if known is not None else None
 
     def _ask_capacity(self, rank: int) -> asyncio.Future:
+        """The ask for engine `rank`'s capacity that is out, or a new one."""
         ask = self._capacity_asks.get(rank)
         if ask is None:
             ask = self._capacity_asks[rank] = asyncio.ensure_future(self._utility(rank, "kvgate_capacity"))
@@ -222,13 +228,6 @@ class Gates:
         cap = feedback.capacity_of(ask.result())
         if cap is not None:
             self.capacities[rank] = (cap, time.monotonic())
-
-    async def _await_capacity(self, rank: int) -> Optional[kvgate.Capacity]:
-        # shield: a probe cancelled with its request leaves the ask to the others.
-        # The ask's own callback (registered first) has cached the answer by the
-        # time this resumes.
-        answer = await asyncio.shield(self._ask_capacity(rank))
-        return feedback.capacity_of(answer)
 
     def metrics_text(self) -> list[tuple[int, str]]:
         gates = list(self.gates.items())
