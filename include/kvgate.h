@@ -194,6 +194,12 @@ enum kvgate_reason
      * members between turns were parked to make room for it.
      */
     KVGATE_REASON_WAIT_BOUND = 6,
+    /**
+     * Working-set admission: holding sessions out would serve fewer turns
+     * than letting everyone run with a cold cache (tool calls long next to
+     * turns, prefill to spare), so nobody is held out.
+     */
+    KVGATE_REASON_RUNNING_COLD_PAYS = 7,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -657,6 +663,16 @@ typedef struct kvgate_stats {
      * Members parked so far.
      */
     uint64_t working_set_parked;
+    /**
+     * Admissions `KVGATE_REASON_RUNNING_COLD_PAYS`.
+     */
+    uint64_t admissions_running_cold_pays;
+    /**
+     * Gauge: 1 while holding sessions out of the working set pays, 0 while
+     * running everyone with a cold cache would serve clearly more turns
+     * (nobody waits for room then, nobody is parked); 0 in reference mode.
+     */
+    uint64_t working_set_holding;
 } kvgate_stats;
 
 /**
@@ -735,7 +751,8 @@ const char *kvgate_status_str(uint32_t status);
 /**
  * The name of a reason: `"open"`, `"reserved_session"`,
  * `"prefix_probe_unavailable"`, `"resident_prefix"`, `"fits_working_set"`,
- * `"empty_working_set"`, `"wait_bound"`, or `"unknown"`.
+ * `"empty_working_set"`, `"wait_bound"`, `"running_cold_pays"`, or
+ * `"unknown"`.
  *
  * Takes a plain `uint32_t` so that any value is safe to pass. The string is
  * static: never free it. Never returns NULL. Thread-safe.

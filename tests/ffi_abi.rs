@@ -724,5 +724,11 @@ fn strings_and_version() {
         )),
         "resident_prefix"
     );
+    assert_eq!(
+        text(kvgate_reason_str(
+            kvgate_reason::KVGATE_REASON_RUNNING_COLD_PAYS as u32
+        )),
+        "running_cold_pays"
+    );
     assert_eq!(text(kvgate_version()), env!("CARGO_PKG_VERSION"));
 }

@@ -60,7 +60,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
+use kvgate::core::working_set::Tuning;
+use kvgate::core::{default_shard_count, Attempt, Core, LeaseToken, Notify, Step};
 use kvgate::{AcquireError, Config, EngineCapacity, GateStats, Reason, TurnReport};
 use proptest::prelude::*;
 
@@ -300,7 +301,13 @@ impl Harness {
         };
         assert_eq!(config.admission, kvgate::AdmissionMode::WorkingSet);
         Self {
-            core: Arc::new(Core::new(config).expect("valid config")),
+            // The fit and parking rules exactly: the cold rule (nobody held
+            // out when running cold pays) is off here; its unit tests are in
+            // src/core/working_set.rs.
+            core: Arc::new(
+                Core::with_tuning(config, default_shard_count(), exact_fit())
+                    .expect("valid config"),
+            ),
             long_poll,
             now: START,
             live: Vec::new(),
@@ -1119,5 +1126,13 @@ fn the_core_keeps_the_working_set_rules() {
             reached.iter().all(|&n| n >= 10),
             "the generator misses part of the machine: {c:?}"
         );
+    }
+}
+
+/// The working set's constants with the cold rule off.
+fn exact_fit() -> Tuning {
+    Tuning {
+        cold_margin: f64::INFINITY,
+        ..Tuning::default()
     }
 }

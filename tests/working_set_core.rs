@@ -282,3 +282,66 @@ fn a_window_that_becomes_the_earliest_deadline_nudges_a_sleeper() {
         Step::Sleep { .. }
     ));
 }
+
+/// Admits a turn of `session`, whatever the reason, and ends it at `end`.
+fn turn(core: &Core, session: &str, prompt: usize, start: u64, end: u64) {
+    let token = admitted(ask(core, session, prompt, start).1);
+    core.release_with(token, TurnReport::new(Some(0), Some(0)), end);
+}
+
+#[test]
+fn with_tools_long_next_to_turns_the_waiters_go_in_for_running_cold() {
+    // Two sessions of 400 tokens fill the 1000-token cache; turns of 0.1 s,
+    // tools of 20 s. Holding the 2.5 that fit serves 2.5 / 20.1 s turns a
+    // second; with five active sessions, running them all cold serves
+    // 5 / 20.1 s, and the engine refills 400 tokens in 0.4 s: twice as many.
+    let core = core();
+    let mut t = 0;
+    for _ in 0..4 {
+        turn(&core, "a", 400, t, t + SEC / 10);
+        turn(&core, "b", 400, t, t + SEC / 10);
+        t += SEC / 10 + 20 * SEC;
+    }
+    let _a = admitted(ask(&core, "a", 400, t).1);
+    let _b = admitted(ask(&core, "b", 400, t).1);
+    // With c alone waiting, running three cold is not clearly ahead.
+    let (mut c, step) = ask(&core, "c", 400, t);
+    assert!(matches!(step, Step::Sleep { .. }), "{step:?}");
+    assert!(core.stats(t).working_set.holding);
+    let (mut d, step) = ask(&core, "d", 400, t);
+    assert!(matches!(step, Step::Sleep { .. }), "{step:?}");
+    // e makes five: nobody is held out any more, e included.
+    let (mut e, step) = ask(&core, "e", 400, t);
+    let mut reasons = Vec::new();
+    for (driven, step) in [(&mut c, None), (&mut d, None), (&mut e, Some(step))] {
+        let step = match step {
+            Some(Step::Admitted(token)) => Step::Admitted(token),
+            _ => {
+                assert!(
+                    driven.wakes.load(Ordering::SeqCst) > 0,
+                    "woken for its grant"
+                );
+                match driven.attempt.on_wake(t).unwrap() {
+                    Step::ProbeUsage => driven
+                        .attempt
+                        .on_cache_state(Some(0.1), Some(engine()), t)
+                        .unwrap(),
+                    other => other,
+                }
+            }
+        };
+        reasons.push(admitted(step).admission().reason);
+    }
+    assert_eq!(reasons, [Reason::RunningColdPays; 3]);
+    let stats = core.stats(t);
+    assert!(!stats.working_set.holding);
+    assert_eq!(stats.admissions(Reason::RunningColdPays), 3);
+    assert!(stats.working_set.load_tokens > stats.working_set.capacity_tokens);
+    let text = stats.to_prometheus();
+    for line in [
+        "kvgate_admissions_total{reason=\"running_cold_pays\"} 3",
+        "kvgate_working_set_holding 0",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in\n{text}");
+    }
+}

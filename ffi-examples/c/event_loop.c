@@ -22,7 +22,10 @@
  * - misuse (an answer to a step not asked, a step after the end, NULL
  *   arguments, a callback waker asked for its descriptor) returns
  *   KVGATE_OUT_OF_ORDER or KVGATE_INVALID_ARGUMENT with a message;
- * - the process has exactly one thread while many attempts sleep.
+ * - the process has exactly one thread while many attempts sleep;
+ * - in working-set mode, prefill costs engine steps (as it does on a real
+ *   engine), so holding sessions out pays: the gate reports holding and no
+ *   admission for running cold paying.
  *
  * The last line is "c event loop: N checks passed". Run by
  * scripts/ffi-examples.sh plain, under valgrind and with ASan+UBSan.
@@ -87,6 +90,12 @@ static int thread_count(void) {
 #define MAX_RPCS (4 * MAX_SESSIONS)
 #define ENGINE_STEP_NS 1000000ull /* the engine steps every millisecond while busy */
 #define OUTPUT_TOKENS 64
+/* Prefill costs steps: a turn's uncached prompt tokens take this many per
+   step on top of its run steps, and the capacity answer tells the gate this
+   rate. (An engine whose prefill were free would gain nothing by holding
+   sessions out, and the working set would rightly stop doing it.) */
+#define PREFILL_TOKENS_PER_STEP 16
+#define PREFILL_TOKENS_PER_SEC ((double)PREFILL_TOKENS_PER_STEP * 1e9 / (double)ENGINE_STEP_NS)
 
 enum rpc_kind { RPC_USAGE, RPC_PREFIX };
 
@@ -289,7 +298,13 @@ static void on_step(loop *l, int idx) {
         s->attempt = NULL;
         s->state = S_RUNNING;
         l->eng.running += s->prompt_len;
-        s->run_until = l->eng.step + l->sc->run_steps + (unsigned long)(idx % 3);
+        {
+            size_t resident = l->eng.resident[idx];
+            size_t uncached = s->prompt_len - (resident < s->prompt_len ? resident : s->prompt_len);
+            s->run_until = l->eng.step + l->sc->run_steps + (unsigned long)(idx % 3) +
+                           (unsigned long)((uncached + PREFILL_TOKENS_PER_STEP - 1) /
+                                           PREFILL_TOKENS_PER_STEP);
+        }
         l->running++;
         if (l->running > l->max_running) {
             l->max_running = l->running;
@@ -429,8 +444,7 @@ static void engine_step(loop *l) {
             MUST(s->step.kind == KVGATE_STEP_PROBE_USAGE);
             /* Working-set admission reads the capacity; reference mode ignores it. */
             MUST(kvgate_attempt_answer_usage(s->attempt, engine_usage(e), e->capacity, 16,
-                                             (double)e->capacity / 0.01,
-                                             &s->step) == KVGATE_OK);
+                                             PREFILL_TOKENS_PER_SEC, &s->step) == KVGATE_OK);
         } else {
             e->prefix_answers++;
             MUST(s->step.kind == KVGATE_STEP_PROBE_PREFIX);
@@ -702,6 +716,10 @@ static void run(const scenario *sc) {
         CHECK(st.working_set_capacity_tokens > 0 && st.working_set_capacity_tokens <= sc->capacity);
         CHECK(l->max_running < sc->sessions / 4);
         CHECK(st.admissions_fits_working_set > 0);
+        /* Prefill is dear next to a turn here: holding sessions out pays,
+           and nobody went in for running cold paying. */
+        CHECK(st.working_set_holding == 1);
+        CHECK(st.admissions_running_cold_pays == 0);
         CHECK(st.prefix_probe_calls == 0);
         /* With a 30 s poll fallback, every wake-up was a targeted one. */
         CHECK(l->timer_wakes == 0);
@@ -709,11 +727,13 @@ static void run(const scenario *sc) {
                "%d asleep at once (threads: %d)\n",
                sc->name, sc->sessions, sc->turns, l->max_running, l->max_sleeping,
                l->threads_while_sleeping);
-        printf("%s: reasons fits=%llu empty=%llu wait_bound=%llu reserved=%llu; parked=%llu\n",
+        printf("%s: reasons fits=%llu empty=%llu wait_bound=%llu reserved=%llu "
+               "running_cold_pays=%llu; parked=%llu\n",
                sc->name, (unsigned long long)st.admissions_fits_working_set,
                (unsigned long long)st.admissions_empty_working_set,
                (unsigned long long)st.admissions_wait_bound,
                (unsigned long long)st.admissions_reserved_session,
+               (unsigned long long)st.admissions_running_cold_pays,
                (unsigned long long)st.working_set_parked);
     } else {
         CHECK(st.prefix_probe_calls > 0);

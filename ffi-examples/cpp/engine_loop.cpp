@@ -71,6 +71,13 @@ int thread_count() {
 
 constexpr uint64_t kEngineStepNs = 1000000;  // the engine steps every ms while busy
 constexpr uint64_t kOutputTokens = 64;
+// Prefill costs steps: a turn's uncached prompt tokens take this many per
+// step on top of its run steps, and the capacity answer tells the gate this
+// rate. (An engine whose prefill were free would gain nothing by holding
+// sessions out, and the working set would rightly stop doing it.)
+constexpr size_t kPrefillTokensPerStep = 16;
+constexpr double kPrefillTokensPerSec =
+    static_cast<double>(kPrefillTokensPerStep) * 1e9 / static_cast<double>(kEngineStepNs);
 constexpr double kPatienceSec = 120.0;       // a bug hangs the loop this long, not forever
 
 struct Scenario {
@@ -219,8 +226,13 @@ void EngineLoop::on_step(size_t idx) {
         }
         s.attempt = kvgate::Attempt{};  // ended: freeing it keeps the lease
         set_state(s, State::Running);
+        {
+            double hit = engine_->prefix_hit_ratio(s.id, nullptr, s.prompt_len).value_or(0.0);
+            auto uncached = static_cast<size_t>(static_cast<double>(s.prompt_len) * (1.0 - hit));
+            s.run_until = step_ + sc_.run_steps + idx % 3 +
+                          (uncached + kPrefillTokensPerStep - 1) / kPrefillTokensPerStep;
+        }
         engine_->start(s.prompt_len);
-        s.run_until = step_ + sc_.run_steps + idx % 3;
         running_++;
         max_running_ = std::max(max_running_, running_);
         break;
@@ -266,7 +278,7 @@ void EngineLoop::engine_step() {
             s.attempt.answer_prefix(engine_->prefix_hit_ratio(s.id, nullptr, s.prompt_len));
         } else {
             usage_answers_++;
-            kvgate::EngineCapacity cap{sc_.capacity, 16, static_cast<double>(sc_.capacity) / 0.01};
+            kvgate::EngineCapacity cap{sc_.capacity, 16, kPrefillTokensPerSec};
             s.attempt.answer_usage(engine_->kv_cache_usage(s.id), cap);
         }
         on_step(r.session);

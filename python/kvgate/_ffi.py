@@ -74,6 +74,7 @@ class Reason(enum.IntEnum):
     FITS_WORKING_SET = 4
     EMPTY_WORKING_SET = 5
     WAIT_BOUND = 6
+    RUNNING_COLD_PAYS = 7
 
 
 class StepKind(enum.IntEnum):
@@ -199,7 +200,8 @@ class kvgate_stats(Structure):
             "tracked_sessions admissions_fits_working_set admissions_empty_working_set "
             "admissions_wait_bound working_set_sessions working_set_waiting_sessions "
             "working_set_tokens working_set_capacity_tokens working_set_shared_prefix_tokens "
-            "working_set_window_sec working_set_parked"
+            "working_set_window_sec working_set_parked admissions_running_cold_pays "
+            "working_set_holding"
         ).split()
     ]
 

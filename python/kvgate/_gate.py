@@ -187,6 +187,8 @@ class Stats:
     working_set_shared_prefix_tokens: int
     working_set_window_sec: float
     working_set_parked: int
+    admissions_running_cold_pays: int
+    working_set_holding: int
 
 
 @dataclasses.dataclass(frozen=True)

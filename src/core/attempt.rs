@@ -636,6 +636,7 @@ fn working_set_decision(verdict: Verdict) -> Decision {
         Verdict::Fits => Decision::Admit(Reason::FitsWorkingSet),
         Verdict::Empty => Decision::Admit(Reason::EmptyWorkingSet),
         Verdict::WaitBound => Decision::Admit(Reason::WaitBound),
+        Verdict::RunningColdPays => Decision::Admit(Reason::RunningColdPays),
         Verdict::Wait => Decision::Wait,
     }
 }

@@ -36,11 +36,15 @@ pub enum Reason {
     /// Working set: the session waited past the wait bound, and members
     /// between turns were parked to make room for it.
     WaitBound = 6,
+    /// Working set: holding sessions out would serve fewer turns than
+    /// letting everyone run with a cold cache (tool calls long next to
+    /// turns, prefill to spare), so nobody is held out.
+    RunningColdPays = 7,
 }
 
 impl Reason {
     /// All reasons, in their numeric order.
-    pub const ALL: [Reason; 7] = [
+    pub const ALL: [Reason; 8] = [
         Reason::Open,
         Reason::ReservedSession,
         Reason::PrefixProbeUnavailable,
@@ -48,6 +52,7 @@ impl Reason {
         Reason::FitsWorkingSet,
         Reason::EmptyWorkingSet,
         Reason::WaitBound,
+        Reason::RunningColdPays,
     ];
 
     /// The seed's name for the reason.
@@ -60,6 +65,7 @@ impl Reason {
             Reason::FitsWorkingSet => "fits_working_set",
             Reason::EmptyWorkingSet => "empty_working_set",
             Reason::WaitBound => "wait_bound",
+            Reason::RunningColdPays => "running_cold_pays",
         }
     }
 

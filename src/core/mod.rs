@@ -106,6 +106,14 @@ impl Core {
     /// lock shards: a power of two from 1 to 65,536 (more shards, fewer
     /// threads meeting on one lock, a few hundred bytes each).
     pub fn with_shards(config: Config, shards: usize) -> Result<Self, ConfigError> {
+        Self::with_tuning(config, shards, Tuning::default())
+    }
+
+    /// [`Core::with_shards`] with the working set's constants given (tests
+    /// that check the fit rules exactly turn off the cold rule with
+    /// `cold_margin: f64::INFINITY`).
+    #[doc(hidden)]
+    pub fn with_tuning(config: Config, shards: usize, tuning: Tuning) -> Result<Self, ConfigError> {
         config.validate()?;
         if !shards.is_power_of_two() || shards > MAX_SHARDS {
             return Err(ConfigError {
@@ -115,7 +123,7 @@ impl Core {
             });
         }
         let ledger = (config.admission == AdmissionMode::WorkingSet)
-            .then(|| Ledger::new(WorkingSet::new(Tuning::default())));
+            .then(|| Ledger::new(WorkingSet::new(tuning)));
         Ok(Self {
             ledger,
             thresholds: Thresholds {

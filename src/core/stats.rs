@@ -369,7 +369,7 @@ impl GateStats {
             family(name, kind, help, &[("", value)]);
         }
         let w = &self.working_set;
-        let working_set: [(&str, &str, &str, f64); 7] = [
+        let working_set: [(&str, &str, &str, f64); 8] = [
             (
                 "working_set_sessions",
                 "gauge",
@@ -411,6 +411,12 @@ impl GateStats {
                 "counter",
                 "Members parked because the working set outgrew the cache, or for a waiter past the wait bound.",
                 w.parked as f64,
+            ),
+            (
+                "working_set_holding",
+                "gauge",
+                "1 while holding sessions out pays (cold turns would not serve clearly more), else 0: nobody waits for room.",
+                f64::from(u8::from(w.holding)),
             ),
         ];
         for (name, kind, help, value) in working_set {

@@ -97,11 +97,17 @@ pub struct kvgate_stats {
     pub working_set_window_sec: f64,
     /// Members parked so far.
     pub working_set_parked: u64,
+    /// Admissions `KVGATE_REASON_RUNNING_COLD_PAYS`.
+    pub admissions_running_cold_pays: u64,
+    /// Gauge: 1 while holding sessions out of the working set pays, 0 while
+    /// running everyone with a cold cache would serve clearly more turns
+    /// (nobody waits for room then, nobody is parked); 0 in reference mode.
+    pub working_set_holding: u64,
 }
 
 impl From<&GateStats> for kvgate_stats {
     fn from(s: &GateStats) -> Self {
-        let [open, reserved, unavailable, resident, fits, empty, wait_bound] =
+        let [open, reserved, unavailable, resident, fits, empty, wait_bound, running_cold] =
             s.admissions_by_reason;
         let w = &s.working_set;
         Self {
@@ -144,6 +150,8 @@ impl From<&GateStats> for kvgate_stats {
             working_set_shared_prefix_tokens: w.shared_prefix_tokens,
             working_set_window_sec: w.window_ns as f64 / 1e9,
             working_set_parked: w.parked,
+            admissions_running_cold_pays: running_cold,
+            working_set_holding: u64::from(w.holding),
         }
     }
 }

@@ -133,11 +133,15 @@ pub enum kvgate_reason {
     /// Working-set admission: the session waited past the wait bound and
     /// members between turns were parked to make room for it.
     KVGATE_REASON_WAIT_BOUND = 6,
+    /// Working-set admission: holding sessions out would serve fewer turns
+    /// than letting everyone run with a cold cache (tool calls long next to
+    /// turns, prefill to spare), so nobody is held out.
+    KVGATE_REASON_RUNNING_COLD_PAYS = 7,
 }
 
 impl kvgate_reason {
     /// Every reason, in value order.
-    pub(crate) const ALL: [kvgate_reason; 7] = [
+    pub(crate) const ALL: [kvgate_reason; 8] = [
         Self::KVGATE_REASON_OPEN,
         Self::KVGATE_REASON_RESERVED_SESSION,
         Self::KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE,
@@ -145,6 +149,7 @@ impl kvgate_reason {
         Self::KVGATE_REASON_FITS_WORKING_SET,
         Self::KVGATE_REASON_EMPTY_WORKING_SET,
         Self::KVGATE_REASON_WAIT_BOUND,
+        Self::KVGATE_REASON_RUNNING_COLD_PAYS,
     ];
 
     /// The seed's name (`"open"`, ...), NUL-terminated.
@@ -157,6 +162,7 @@ impl kvgate_reason {
             Self::KVGATE_REASON_FITS_WORKING_SET => b"fits_working_set\0",
             Self::KVGATE_REASON_EMPTY_WORKING_SET => b"empty_working_set\0",
             Self::KVGATE_REASON_WAIT_BOUND => b"wait_bound\0",
+            Self::KVGATE_REASON_RUNNING_COLD_PAYS => b"running_cold_pays\0",
         }
     }
 }
@@ -172,6 +178,7 @@ impl From<Reason> for kvgate_reason {
             Reason::FitsWorkingSet => Self::KVGATE_REASON_FITS_WORKING_SET,
             Reason::EmptyWorkingSet => Self::KVGATE_REASON_EMPTY_WORKING_SET,
             Reason::WaitBound => Self::KVGATE_REASON_WAIT_BOUND,
+            Reason::RunningColdPays => Self::KVGATE_REASON_RUNNING_COLD_PAYS,
         }
     }
 }
@@ -203,7 +210,8 @@ pub extern "C" fn kvgate_status_str(status: u32) -> *const c_char {
 
 /// The name of a reason: `"open"`, `"reserved_session"`,
 /// `"prefix_probe_unavailable"`, `"resident_prefix"`, `"fits_working_set"`,
-/// `"empty_working_set"`, `"wait_bound"`, or `"unknown"`.
+/// `"empty_working_set"`, `"wait_bound"`, `"running_cold_pays"`, or
+/// `"unknown"`.
 ///
 /// Takes a plain `uint32_t` so that any value is safe to pass. The string is
 /// static: never free it. Never returns NULL. Thread-safe.
