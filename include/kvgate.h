@@ -670,7 +670,8 @@ typedef struct kvgate_stats {
     /**
      * Gauge: 1 while holding sessions out of the working set pays, 0 while
      * running everyone with a cold cache would serve clearly more turns
-     * (nobody waits for room then, nobody is parked); 0 in reference mode.
+     * (nobody waits for room then, nobody is parked), as last decided; 0 in
+     * reference mode.
      */
     uint64_t working_set_holding;
 } kvgate_stats;

@@ -101,7 +101,8 @@ pub struct kvgate_stats {
     pub admissions_running_cold_pays: u64,
     /// Gauge: 1 while holding sessions out of the working set pays, 0 while
     /// running everyone with a cold cache would serve clearly more turns
-    /// (nobody waits for room then, nobody is parked); 0 in reference mode.
+    /// (nobody waits for room then, nobody is parked), as last decided; 0 in
+    /// reference mode.
     pub working_set_holding: u64,
 }
 
