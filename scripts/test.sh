@@ -51,4 +51,10 @@ step "scripts/python-package.sh"
 step "scripts/sim-smoke.sh"
 scripts/sim-smoke.sh
 
+# The cap-best search against the exhaustive sweep it stands in for: every K
+# on four scenarios and five seeds (~1 min in release, far longer in debug,
+# hence ignored by the plain `cargo test` above and run here).
+step "cargo test --release -p kvgate-sim --test cap_search -- --ignored"
+cargo test --release -p kvgate-sim --test cap_search -- --ignored
+
 step "all tests passed"

@@ -11,7 +11,7 @@ use crate::simulation::{CapacityProbe, Deployment};
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
-pub const BUILT_IN: [(&str, &str); 13] = [
+pub const BUILT_IN: [(&str, &str); 14] = [
     ("thrash", include_str!("../scenarios/thrash.toml")),
     ("no-pressure", include_str!("../scenarios/no-pressure.toml")),
     ("retry-storm", include_str!("../scenarios/retry-storm.toml")),
@@ -28,6 +28,10 @@ pub const BUILT_IN: [(&str, &str); 13] = [
     ("h200", include_str!("../scenarios/h200.toml")),
     ("real-engine", include_str!("../scenarios/real-engine.toml")),
     ("mid-tools", include_str!("../scenarios/mid-tools.toml")),
+    (
+        "heavy-tail-tools",
+        include_str!("../scenarios/heavy-tail-tools.toml"),
+    ),
 ];
 
 /// The scenario run when none is named.
