@@ -1,7 +1,10 @@
 //! Property tests of the working-set ledger (`kvgate::core::working_set`):
 //! random sequences of turns, releases, finishes, withdrawals and time
 //! against a model of what each session is doing, with the ledger's rules
-//! checked after every step.
+//! checked after every step: once with the fit and parking rules alone (the
+//! rule that stops holding sessions out when running cold pays turned off),
+//! once with the defaults, where that rule may fire and its admissions must
+//! still keep the order and the ledger's consistency.
 
 use std::collections::BTreeMap;
 
@@ -94,17 +97,19 @@ proptest! {
 
     #[test]
     fn the_ledger_keeps_its_rules(ops in proptest::collection::vec(op(), 1..120)) {
-        run(ops)?;
+        run(ops, Tuning { cold_margin: f64::INFINITY, ..Tuning::default() })?;
+    }
+
+    #[test]
+    fn the_ledger_keeps_its_rules_when_running_cold_may_pay(
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        run(ops, Tuning::default())?;
     }
 }
 
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    // The fit rules exactly: the cold rule (nobody held out when running
-    // cold pays) is off here and tested in the unit tests.
-    let mut ws: WorkingSet<u8> = WorkingSet::new(Tuning {
-        cold_margin: f64::INFINITY,
-        ..Tuning::default()
-    });
+fn run(ops: Vec<Op>, tuning: Tuning) -> Result<(), TestCaseError> {
+    let mut ws: WorkingSet<u8> = WorkingSet::new(tuning);
     let mut capacity = 2000u64;
     ws.set_engine(EngineCapacity::new(capacity, 16, 2000.0));
     let mut m = Model {
@@ -150,6 +155,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         );
                     }
                 } else {
+                    running_cold(&ws, v)?;
                     if v == Verdict::Fits || (v == Verdict::WaitBound && ws.stats().members > 1) {
                         prop_assert!(
                             ws.load() <= capacity,
@@ -212,7 +218,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         if !out.is_empty()
             && !over_before
             && !alone
-            && out.iter().all(|(_, v)| *v != Verdict::Empty)
+            && out
+                .iter()
+                .all(|(_, v)| !matches!(v, Verdict::Empty | Verdict::RunningColdPays))
         {
             prop_assert!(
                 ws.load() <= capacity,
@@ -223,6 +231,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         }
         for (s, v) in out {
             prop_assert_ne!(v, Verdict::Member);
+            running_cold(&ws, v)?;
             let p = m.prompt[&s];
             prop_assert_eq!(ws.request(&s, p, now), v, "the grant is collected as made");
             admitted(&ws, &mut m, s, v, now)?;
@@ -264,6 +273,19 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 "a waiter nobody will wake"
             );
         }
+    }
+    Ok(())
+}
+
+/// An admission for running cold paying comes only while holding does not
+/// pay, and only with the rule on.
+fn running_cold(ws: &WorkingSet<u8>, v: Verdict) -> Result<(), TestCaseError> {
+    if v == Verdict::RunningColdPays {
+        prop_assert!(
+            !ws.holding_pays(),
+            "admitted running_cold_pays while holding"
+        );
+        prop_assert!(!ws.stats().holding);
     }
     Ok(())
 }

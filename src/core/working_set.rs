@@ -304,8 +304,8 @@ pub struct WorkingSetStats {
     /// Members parked so far.
     pub parked: u64,
     /// Whether holding sessions out pays ([`WorkingSet::holding_pays`]), as
-    /// last decided (for a queue head, or before parking); when not, nobody
-    /// waits for room and nobody is parked.
+    /// last decided for a queue head; when not, nobody waits for room and
+    /// nobody is parked.
     pub holding: bool,
 }
 
@@ -629,6 +629,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             }
             return Verdict::Wait;
         }
+        self.update_holding();
         let verdict = self.head_verdict(key, prompt_len, now);
         if verdict != Verdict::Wait {
             self.join(key, prompt_len, now);
@@ -648,8 +649,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// idles them: measured on `mid-tools` (8 s tools, 1 s turns), holding
     /// cost 17% of makespan against no gate while keeping 34% of prompts
     /// cached. Unknown figures (no rate, no capacity, no cycle yet) keep
-    /// holding. The answer is the one last decided, for a queue head or
-    /// before parking, with a band against flipping on every session.
+    /// holding. The answer is the one last decided for a queue head, with a
+    /// band against flipping on every session.
     pub fn holding_pays(&self) -> bool {
         self.holding
     }
@@ -703,7 +704,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if self.members.is_empty() {
             return Verdict::Empty;
         }
-        if !self.update_holding() {
+        if !self.holding {
             return Verdict::RunningColdPays;
         }
         let need = self.need(key, prompt_len);
@@ -1015,13 +1016,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     fn shrink_to_fit(&mut self, now: u64, keep: Option<&K>) {
-        let outgrown = |ws: &Self| ws.load() as f64 > ws.capacity();
-        // Nobody is parked while running cold pays (asked only when the
-        // working set has outgrown the cache: the member's turn is the hot path).
-        if !outgrown(self) || !self.update_holding() {
+        // Nobody is parked while running cold pays, as last decided for a
+        // queue head: deciding again here, right after letting a head in for
+        // running cold, could park a member for the room it was let in
+        // beyond. Without waiters the question does not arise.
+        if !self.holding {
             return;
         }
-        while outgrown(self) && self.park_lru(now, keep) {}
+        while self.load() as f64 > self.capacity() && self.park_lru(now, keep) {}
     }
 
     /// The member between turns whose window ends first, and when. A
@@ -1076,6 +1078,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// with [`WorkingSet::request`]. Returns them, with why.
     pub fn admit_waiting(&mut self, now: u64, out: &mut Vec<(K, Verdict)>) {
         self.expire(now);
+        // Decided once for the pass: the heads it lets in for running cold
+        // change the figures, not the answer they were let in by.
+        if !self.queue.is_empty() {
+            self.update_holding();
+        }
         while let Some(key) = self.queue.values().next().cloned() {
             let prompt = self.sessions[&key].queued_prompt;
             let verdict = self.head_verdict(&key, prompt, now);
