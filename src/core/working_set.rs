@@ -138,9 +138,17 @@ pub struct Tuning {
     /// have hit (recent average) lower the capacity estimate. Block rounding
     /// and the engine's own `prompt - 1` cap stay well below 5%.
     pub miss_tolerance: f64,
-    /// How long a queue head waits before members between turns are parked
-    /// for it, in refill windows: bounds every wait without rotating members
-    /// on every turn (a window is what one eviction is worth). Measured in
+    /// How long a session waits at the head of the queue before members
+    /// between turns are parked for it, in refill windows: bounds every wait
+    /// without rotating members on every turn (a window is what one eviction
+    /// is worth). The clock starts when the session reaches the head, not
+    /// when it queued: waiting behind sessions that are let in in their
+    /// turn is queueing, not starvation. On the real engine (24 sessions ×
+    /// 10 turns, one core busy) counting from the queueing made the bound
+    /// fire 12 times per run, each firing parking a member that then queued
+    /// in its turn, and kvgate took 1.10x cap-4's makespan; counted from the
+    /// head it fired never, 1.03x (longest wait 63 s against 38 s); in the
+    /// simulator the bound never fires either way. Measured in
     /// the simulator: 4 windows halves `long-tools`' p99 turn latency but
     /// rotates members on the `real-engine` scenario, whose refill is fast
     /// next to its turns (1.47x the best cap, 29% hits, against 1.00x and
@@ -335,6 +343,9 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     window: u64,
     /// Whether holding sessions out pays ([`WorkingSet::holding_pays`]).
     holding: bool,
+    /// The queue head its verdict was last given for, and since when it has
+    /// been the head: the wait bound's clock ([`Tuning::wait_bound_windows`]).
+    head: Option<(K, u64)>,
     /// Running mean of a turn's time (admission to release), ns, and of the
     /// log of a tool gap's (release to the next request): a session's cycle.
     /// The gaps' mean is geometric because tool times are heavy-tailed: an
@@ -372,6 +383,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             reported_rate: 0.0,
             window: tuning.initial_window_ns,
             holding: true,
+            head: None,
             mean_turn_ns: 0.0,
             mean_ln_gap: 0.0,
             mean_output: 0.0,
@@ -701,6 +713,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     fn head_verdict(&mut self, key: &K, prompt_len: u64, now: u64) -> Verdict {
+        if self.head.as_ref().map(|(k, _)| k) != Some(key) {
+            self.head = Some((key.clone(), now));
+        }
         if self.members.is_empty() {
             return Verdict::Empty;
         }
@@ -715,8 +730,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         // Past the bound, members between turns make room for it, least
         // recently released first; members in flight are never cut short,
         // so it may still have to wait for one of them to end.
-        let waited = now.saturating_sub(self.sessions[key].queued_at);
-        if waited >= self.wait_bound_ns() {
+        if now >= self.bound_start(key).saturating_add(self.wait_bound_ns()) {
             while !fits(self) && self.park_lru(now, None) {}
             if fits(self) || self.members.is_empty() {
                 return Verdict::WaitBound;
@@ -724,6 +738,17 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.sessions.get_mut(key).expect("queued").past_bound = true;
         }
         Verdict::Wait
+    }
+
+    /// When the wait bound's clock started for `key`, the queue head: when
+    /// it reached the head (a head not yet looked at counts from its
+    /// queueing, which only wakes it early).
+    fn bound_start(&self, key: &K) -> u64 {
+        let queued_at = self.sessions[key].queued_at;
+        match &self.head {
+            Some((k, since)) if k == key => queued_at.max(*since),
+            _ => queued_at,
+        }
     }
 
     /// The first new session in line, when the head of the line is a
@@ -1064,9 +1089,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             .queue
             .values()
             .next()
-            .map(|k| &self.sessions[k])
-            .filter(|h| !h.past_bound)
-            .map(|h| h.queued_at.saturating_add(self.wait_bound_ns()));
+            .filter(|k| !self.sessions[*k].past_bound)
+            .map(|k| self.bound_start(k).saturating_add(self.wait_bound_ns()));
         match (window, bound) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -1460,22 +1484,30 @@ mod tests {
         assert_eq!(out, vec![("r", Verdict::Fits), ("y", Verdict::Fits)]);
     }
 
-    /// Two sessions of 400 tokens fill a 1000-token cache whose engine
-    /// prefills 1000 tokens/s; each turn lasts 0.1 s, then the session's
-    /// tool runs for `gap`. Returns the verdict for a third session.
-    fn third_session_after_cycles(gap: u64) -> (Verdict, WorkingSet<&'static str>) {
+    /// Sessions a and b, of `prompt` tokens each, in a 1000-token cache
+    /// whose engine prefills 1000 tokens/s: each round both take a turn of
+    /// 0.1 s, then their tools run for the round's gap. Returns the set with
+    /// both in flight again, and the time.
+    fn two_sessions_after(prompt: u64, gaps: &[u64]) -> (WorkingSet<&'static str>, u64) {
         let mut ws = set();
         let mut t = 0;
-        for _ in 0..4 {
+        for gap in gaps {
             for k in ["a", "b"] {
-                ws.request(&k, 400, t);
-                ws.release(&k, 400, report(0, 0), t, t + S / 10);
+                ws.request(&k, prompt, t);
+                ws.release(&k, prompt, report(0, 0), t, t + S / 10);
             }
             t += S / 10 + gap;
         }
         for k in ["a", "b"] {
-            ws.request(&k, 400, t);
+            ws.request(&k, prompt, t);
         }
+        (ws, t)
+    }
+
+    /// Two sessions of 400 tokens fill the cache, after four rounds with
+    /// tools of `gap`. Returns the verdict for a third session.
+    fn third_session_after_cycles(gap: u64) -> (Verdict, WorkingSet<&'static str>) {
+        let (mut ws, t) = two_sessions_after(400, &[gap; 4]);
         (ws.request(&"c", 400, t), ws)
     }
 
@@ -1522,18 +1554,7 @@ mod tests {
         // arithmetic mean of the gaps would be over 10 s, and running five
         // sessions cold would look twice as good as holding; the usual
         // cycle is 0.6 s, where the engine cannot refill them in time.
-        let mut ws = set();
-        let mut t = 0;
-        for round in 0..5 {
-            for k in ["a", "b"] {
-                ws.request(&k, 400, t);
-                ws.release(&k, 400, report(0, 0), t, t + S / 10);
-            }
-            t += S / 10 + if round == 3 { 200 * S } else { S / 2 };
-        }
-        for k in ["a", "b"] {
-            ws.request(&k, 400, t);
-        }
+        let (mut ws, t) = two_sessions_after(400, &[S / 2, S / 2, S / 2, 200 * S, S / 2]);
         for k in ["c", "d", "e"] {
             assert_eq!(ws.request(&k, 400, t), Verdict::Wait);
         }
@@ -1547,18 +1568,7 @@ mod tests {
     fn holding_resumes_only_once_running_cold_is_well_short_of_its_margin() {
         // Sessions of 440 tokens: 2.27 fit the 1000-token cache. Turns of
         // 0.1 s, tools of 20 s (no window: the tools outlast it).
-        let mut ws = set();
-        let mut t = 0;
-        for _ in 0..4 {
-            for k in ["a", "b"] {
-                ws.request(&k, 440, t);
-                ws.release(&k, 440, report(0, 0), t, t + S / 10);
-            }
-            t += S / 10 + 20 * S;
-        }
-        for k in ["a", "b"] {
-            ws.request(&k, 440, t);
-        }
+        let (mut ws, mut t) = two_sessions_after(440, &[20 * S; 4]);
         // Four active: running cold serves 4 / 2.27 = 1.76 times as many
         // turns, past the margin (1.5): c and d go in.
         assert_eq!(ws.request(&"c", 440, t), Verdict::Wait);
@@ -1626,6 +1636,63 @@ mod tests {
         // b (released first) went, then a: c is alone with 500 tokens.
         assert_eq!(ws.stats().parked, 2);
         assert_eq!(ws.load(), 500);
+    }
+
+    /// The members' turns end at `t + 1` ns; at `t + 2` whoever may enter
+    /// is let in (nobody is in flight then); their next turns ask at
+    /// `t + 0.5 s`. Repeated from `from` while before `to`; returns the
+    /// time reached and what was let in.
+    fn cycle_members(
+        ws: &mut WorkingSet<&'static str>,
+        members: &[(&'static str, u64)],
+        from: u64,
+        to: u64,
+    ) -> (u64, Vec<(&'static str, Verdict, u64)>) {
+        let mut t = from;
+        let mut let_in = Vec::new();
+        while t < to {
+            for (k, prompt) in members {
+                ws.release(k, *prompt, TurnReport::new(None, Some(0)), t, t + 1);
+            }
+            let mut out = Vec::new();
+            ws.admit_waiting(t + 2, &mut out);
+            let_in.extend(out.into_iter().map(|(k, v)| (k, v, t + 2)));
+            t += S / 2;
+            for (k, prompt) in members {
+                ws.request(k, *prompt, t);
+            }
+        }
+        (t, let_in)
+    }
+
+    #[test]
+    fn the_wait_bound_counts_from_reaching_the_head_of_the_line() {
+        let mut ws = set();
+        ws.request(&"a", 600, 0);
+        ws.request(&"b", 300, 0);
+        assert_eq!(ws.request(&"c", 500, 0), Verdict::Wait);
+        assert_eq!(ws.request(&"d", 500, 0), Verdict::Wait);
+        // a and b keep coming back within their windows (1 s; the bound is
+        // 16 of them); at 8 s a ends and c, the head, goes in.
+        let (t, let_in) = cycle_members(&mut ws, &[("a", 600), ("b", 300)], 0, 8 * S);
+        assert!(let_in.is_empty(), "{let_in:?}");
+        ws.release(&"a", 600, TurnReport::new(None, Some(0)), t, t + 1);
+        ws.finish(&"a", t + 1);
+        let mut out = Vec::new();
+        ws.admit_waiting(t + 2, &mut out);
+        assert_eq!(out, vec![("c", Verdict::Fits)]);
+        ws.request(&"c", 500, t + 2);
+        // d has waited since 0 but heads the line only since 8 s: nobody is
+        // parked for it at 16 s, only at 24 s.
+        let head_at = t + 2;
+        let (_, let_in) = cycle_members(&mut ws, &[("b", 300), ("c", 500)], t + S / 2, 30 * S);
+        assert_eq!(let_in.len(), 1, "{let_in:?}");
+        let (who, why, when) = let_in[0];
+        assert_eq!((who, why), ("d", Verdict::WaitBound));
+        assert!(
+            when >= head_at + 16 * S && when < head_at + 17 * S,
+            "{when}"
+        );
     }
 
     #[test]
