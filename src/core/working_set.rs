@@ -614,7 +614,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             // at once).
             self.mean_ln_gap = running_mean(self.mean_ln_gap, (gap.max(1_000_000) as f64).ln());
         }
-        let h = self.sessions.get_mut(key).expect("just made");
         h.queued_prompt = prompt_len;
         if self.members.contains_key(key) {
             h.expect_hit = h.last_prompt + h.last_output;
@@ -701,15 +700,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// figures move by a session at a time, and without the band the answer
     /// flipped about 100 times per `mid-tools` run, each return to holding
     /// parking every member beyond the cache at once.
-    fn update_holding(&mut self) -> bool {
+    /// An infinite margin always holds: no finite lead reaches it.
+    fn update_holding(&mut self) {
         let margin = self.tuning.cold_margin;
         self.holding = match self.cold_over_hot() {
-            _ if margin.is_infinite() => true,
             None => true,
             Some(ratio) if self.holding => ratio < margin,
             Some(ratio) => ratio < margin / HOLDING_HYSTERESIS,
         };
-        self.holding
     }
 
     fn head_verdict(&mut self, key: &K, prompt_len: u64, now: u64) -> Verdict {
