@@ -11,7 +11,7 @@ use crate::simulation::{CapacityProbe, Deployment};
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
-pub const BUILT_IN: [(&str, &str); 14] = [
+pub const BUILT_IN: [(&str, &str); 16] = [
     ("thrash", include_str!("../scenarios/thrash.toml")),
     ("no-pressure", include_str!("../scenarios/no-pressure.toml")),
     ("retry-storm", include_str!("../scenarios/retry-storm.toml")),
@@ -31,6 +31,11 @@ pub const BUILT_IN: [(&str, &str); 14] = [
     (
         "heavy-tail-tools",
         include_str!("../scenarios/heavy-tail-tools.toml"),
+    ),
+    ("small-kv", include_str!("../scenarios/small-kv.toml")),
+    (
+        "decode-heavy",
+        include_str!("../scenarios/decode-heavy.toml"),
     ),
 ];
 
