@@ -60,7 +60,7 @@ OPTIONS:
     --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
     --capacity-probe P
                    what the engines tell the gate's capacity probe: full (KV tokens, block
-                   size, best prefill rate), no-rate (as vllm serve's probes), usage-only
+                   size, best prefill rate), no-rate (KV tokens and block size only), usage-only
                    (nothing: the gate has the usage gauge) [default: the scenario's, full]
     --fit-steps F  fit beta0..beta2 (beta3 with a context_tokens column) to a real engine's
                    step timings (the CSV of real_engine.py --steps-csv) and print them

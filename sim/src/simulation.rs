@@ -51,7 +51,7 @@ pub enum CapacityProbe {
     /// KV tokens, block size and the best prefill rate measured.
     #[default]
     Full,
-    /// KV tokens and block size, no prefill rate (as `vllm serve`'s probes).
+    /// KV tokens and block size, no prefill rate (a host that cannot time its steps).
     NoRate,
     /// Nothing: the gate has only the usage gauge and what turns report.
     UsageOnly,
