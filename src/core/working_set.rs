@@ -926,7 +926,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             let turn = now.saturating_sub(admitted_at) as f64;
             self.mean_turn_ns = running_mean(self.mean_turn_ns, turn);
         }
-        self.learn(key, prompt_len, report, admitted_at, now, cold);
+        self.learn(key, prompt_len, report, admitted_at, now);
         let refill = self.window_ns();
         let Some(h) = self.sessions.get_mut(key) else {
             return;
@@ -961,17 +961,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     /// Learns output length, the shared prefix, the prefill rate and the
-    /// members' misses from one turn's report. A `cold` turn's misses are
-    /// not the capacity's: it was let in beyond what fits.
-    fn learn(
-        &mut self,
-        key: &K,
-        prompt_len: u64,
-        report: TurnReport,
-        admitted_at: u64,
-        now: u64,
-        cold: bool,
-    ) {
+    /// members' misses from one turn's report. A cold turn's misses
+    /// (`History::turn_cold`) are not the capacity's: it was let in beyond
+    /// what fits.
+    fn learn(&mut self, key: &K, prompt_len: u64, report: TurnReport, admitted_at: u64, now: u64) {
         if let Some(out) = report.output_tokens {
             self.mean_output = running_mean(self.mean_output, out as f64);
         }
@@ -989,6 +982,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         // A hit is whole blocks and never the prompt's last token.
         let expect = (h.expect_hit.min(prompt_len.saturating_sub(1)) / block) * block;
         h.expect_hit = 0;
+        let cold = h.turn_cold;
         let secs = now.saturating_sub(admitted_at).max(1) as f64 / 1e9;
         self.reported_rate = self
             .reported_rate
