@@ -473,15 +473,21 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.window
     }
 
+    /// The prefill rate in force, tokens/s: the engine's, else the one
+    /// measured from turn reports (0 while neither is known).
+    fn prefill_rate(&self) -> f64 {
+        if self.engine.prefill_tokens_per_sec > 0.0 {
+            self.engine.prefill_tokens_per_sec
+        } else {
+            self.reported_rate
+        }
+    }
+
     /// Recomputes the refill window after the capacity estimate or the
     /// prefill rate changed (kept rather than derived on each use: the
     /// open path asks for it several times per turn).
     fn update_window(&mut self) {
-        let rate = if self.engine.prefill_tokens_per_sec > 0.0 {
-            self.engine.prefill_tokens_per_sec
-        } else {
-            self.reported_rate
-        };
+        let rate = self.prefill_rate();
         self.window = match self.estimate {
             Some(c) if rate > 0.0 => ((c / rate) * 1e9).min(u64::MAX as f64 / 2.0) as u64,
             _ => self.tuning.initial_window_ns,
@@ -687,11 +693,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// The cold bound over the hot figure ([`WorkingSet::holding_pays`]),
     /// or `None` while a figure is unknown.
     fn cold_over_hot(&self) -> Option<f64> {
-        let rate = if self.engine.prefill_tokens_per_sec > 0.0 {
-            self.engine.prefill_tokens_per_sec
-        } else {
-            self.reported_rate
-        };
+        let rate = self.prefill_rate();
         let gap = if self.mean_ln_gap == 0.0 {
             0.0
         } else {
@@ -1665,18 +1667,10 @@ mod tests {
         ws.request(&"a", 600, 0);
         ws.request(&"b", 300, 0);
         assert_eq!(ws.request(&"c", 500, 0), Verdict::Wait);
-        // a and b keep coming back within their windows.
-        let bound = 16 * S;
-        let mut t = 0;
-        while t < bound {
-            for k in ["a", "b"] {
-                let prompt = if k == "a" { 600 } else { 300 };
-                ws.release(&k, prompt, TurnReport::new(None, Some(0)), t, t + 1);
-            }
-            t += S / 2;
-            ws.request(&"a", 600, t);
-            ws.request(&"b", 300, t);
-        }
+        // a and b keep coming back within their windows; c is not let in
+        // before the bound (16 windows of 1 s).
+        let (t, let_in) = cycle_members(&mut ws, &[("a", 600), ("b", 300)], 0, 16 * S);
+        assert!(let_in.is_empty(), "{let_in:?}");
         let mut out = Vec::new();
         ws.admit_waiting(t, &mut out);
         assert!(
