@@ -54,14 +54,21 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
 
-/// The working set's maps hash with FxHash (rustc-hash): its keys come
-/// hashed already (the ledger's `SessionId` writes the session table's keyed
-/// hash, one `write_u64`), and SipHash over that again cost ~130
-/// instructions per lookup, a third of a turn's cost in this mode (about 20
-/// lookups per acquire + release; `benches/instructions.rs`,
+use slab::Slab;
+
+/// The working set's map of sessions hashes with FxHash (rustc-hash): its
+/// keys come hashed already (the ledger's `SessionId` writes the session
+/// table's keyed hash, one `write_u64`), and SipHash over that again cost
+/// ~130 instructions per lookup, a third of a turn's cost in this mode
+/// (about 20 lookups per acquire + release then; `benches/instructions.rs`,
 /// `open_1t/working_set/hot`). Fx's multiply spreads the word over the bits
 /// hashbrown uses.
 type KeyMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
+
+/// A session's index in [`WorkingSet::sessions`]: stable for as long as the
+/// working set knows the session, so a call looks its session up once and
+/// the queue and the index of members between turns name sessions by it.
+type Slot = usize;
 
 /// What the engine says about its KV cache (the capacity probe).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -227,26 +234,25 @@ struct Member {
 /// next to park, the oldest behind the ghost count, and (every window being
 /// the same length from its release) the next whose window ends. Keys
 /// include `joined`, unique per membership, so equal times never collide.
-/// Kept in step with `members` by [`IdleIndex::remove`] before a member
+/// Kept in step with the members by [`IdleIndex::remove`] before a member
 /// changes and [`IdleIndex::insert`] after: each lookup is then O(log n),
 /// not a scan of every member on every turn.
 #[derive(Debug)]
-struct IdleIndex<K> {
-    by_release: BTreeMap<(u64, u64), K>,
+struct IdleIndex {
+    by_release: BTreeMap<(u64, u64), Slot>,
 }
 
-impl<K: Clone> IdleIndex<K> {
+impl IdleIndex {
     fn new() -> Self {
         Self {
             by_release: BTreeMap::new(),
         }
     }
 
-    /// Indexes `m` if it is between turns.
-    fn insert(&mut self, key: &K, m: &Member) {
+    /// Indexes `m`, the member at `s`, if it is between turns.
+    fn insert(&mut self, s: Slot, m: &Member) {
         if m.in_flight == 0 {
-            self.by_release
-                .insert((m.released_at, m.joined), key.clone());
+            self.by_release.insert((m.released_at, m.joined), s);
         }
     }
 
@@ -301,6 +307,27 @@ struct History {
     turn_cold: bool,
 }
 
+/// All the working set keeps of one session: what it learned of it and,
+/// while the session is in the working set, its membership. One record
+/// (not a map of histories beside a map of members) so that a call finds
+/// both with one lookup of its key.
+#[derive(Debug)]
+struct Session<K> {
+    key: K,
+    history: History,
+    member: Option<Member>,
+}
+
+impl<K> Session<K> {
+    fn member(&self) -> &Member {
+        self.member.as_ref().expect("a member")
+    }
+
+    fn member_mut(&mut self) -> &mut Member {
+        self.member.as_mut().expect("a member")
+    }
+}
+
 /// Figures for monitoring.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 #[non_exhaustive]
@@ -332,15 +359,20 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     engine: EngineCapacity,
     /// Capacity estimate, tokens; `None` while the engine's is unknown.
     estimate: Option<f64>,
-    members: KeyMap<K, Member>,
+    /// Every session known (members, sessions waiting, sessions between
+    /// stays whose history is kept), each at its [`Slot`].
+    sessions: Slab<Session<K>>,
+    /// Where each known session's record is in `sessions`.
+    slots: KeyMap<K, Slot>,
+    /// Sessions in the working set (records with a member).
+    member_count: usize,
     /// The members between turns, by release and by window end.
-    idle: IdleIndex<K>,
+    idle: IdleIndex,
     /// Members' own tokens (the shared prefix excluded), summed.
     own_sum: u64,
     /// Members' reserves (what their next turns will add), summed.
     reserve_sum: u64,
-    sessions: KeyMap<K, History>,
-    queue: BTreeMap<(Class, u64), K>,
+    queue: BTreeMap<(Class, u64), Slot>,
     next_seq: u64,
     /// Departed sessions: (released at, own tokens, session), oldest first.
     ghosts: VecDeque<(u64, u64, K)>,
@@ -388,11 +420,12 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             tuning,
             engine: EngineCapacity::default(),
             estimate: None,
-            members: KeyMap::default(),
+            sessions: Slab::new(),
+            slots: KeyMap::default(),
+            member_count: 0,
             idle: IdleIndex::new(),
             own_sum: 0,
             reserve_sum: 0,
-            sessions: KeyMap::default(),
             queue: BTreeMap::new(),
             next_seq: 0,
             ghosts: VecDeque::new(),
@@ -444,10 +477,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return;
         }
         let in_flight: u64 = self
-            .members
-            .iter()
+            .members()
             .filter(|(_, m)| m.in_flight > 0)
-            .map(|(k, m)| self.own(k, m.footprint))
+            .map(|(s, m)| self.own(s, m.footprint))
             .sum();
         if in_flight == 0 {
             return;
@@ -505,7 +537,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 
     /// Tokens counted now (nothing while the working set is empty).
     pub fn load(&self) -> u64 {
-        if self.members.is_empty() {
+        if self.member_count == 0 {
             return 0;
         }
         self.counted()
@@ -552,19 +584,21 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 
     /// A session's own tokens out of `footprint`: the shared prefix it
     /// showed on its first turn is already counted once.
-    fn own(&self, key: &K, footprint: u64) -> u64 {
-        let credit = self.sessions.get(key).map_or(0, |h| h.shared_credit);
+    fn own(&self, s: Slot, footprint: u64) -> u64 {
+        let credit = self.sessions[s].history.shared_credit;
         footprint.saturating_sub(credit.min(self.shared_prefix))
     }
 
-    fn footprint(&self, key: &K, prompt_len: u64) -> u64 {
-        self.blocks(prompt_len.saturating_add(self.expected_output(key)))
+    fn footprint(&self, s: Slot, prompt_len: u64) -> u64 {
+        self.blocks(prompt_len.saturating_add(self.expected_output(s)))
     }
 
-    fn expected_output(&self, key: &K) -> u64 {
-        match self.sessions.get(key) {
-            Some(h) if h.turns > 0 => h.last_output,
-            _ => self.mean_output as u64,
+    fn expected_output(&self, s: Slot) -> u64 {
+        let h = &self.sessions[s].history;
+        if h.turns > 0 {
+            h.last_output
+        } else {
+            self.mean_output as u64
         }
     }
 
@@ -573,11 +607,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// output it generates. Counted before a newcomer joins: one that fits
     /// only until the members' next turns would park one of them at once
     /// (and be parked itself soon after: churn that re-prefills both).
-    fn next_turn_growth(&self, h: Option<&History>) -> u64 {
-        let (growth, output) = match h {
-            Some(h) if h.turns > 0 => (h.growth, h.last_output as f64),
-            Some(h) => (h.growth, self.mean_output),
-            None => (0.0, self.mean_output),
+    fn next_turn_growth(&self, h: &History) -> u64 {
+        let (growth, output) = if h.turns > 0 {
+            (h.growth, h.last_output as f64)
+        } else {
+            (h.growth, self.mean_output)
         };
         let growth = if growth > 0.0 {
             growth
@@ -588,9 +622,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     /// Refreshes a member's reserve from what is known of it now.
-    fn refresh_reserve(&mut self, key: &K) {
-        let reserve = self.next_turn_growth(self.sessions.get(key));
-        if let Some(m) = self.members.get_mut(key) {
+    fn refresh_reserve(&mut self, s: Slot) {
+        let reserve = self.next_turn_growth(&self.sessions[s].history);
+        if let Some(m) = self.sessions[s].member.as_mut() {
             self.reserve_sum = self.reserve_sum - m.reserve + reserve;
             m.reserve = reserve;
         }
@@ -598,10 +632,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 
     /// Learns how much a turn's prompt grew beyond the last turn's prompt
     /// and output (the tool result), on the first request of the turn.
-    fn learn_growth(&mut self, key: &K, prompt_len: u64) {
-        let Some(h) = self.sessions.get_mut(key) else {
-            return;
-        };
+    fn learn_growth(&mut self, s: Slot, prompt_len: u64) {
+        let h = &mut self.sessions[s].history;
         // A retry of the same turn asks with the prompt already seen.
         if h.turns == 0 || prompt_len <= h.last_prompt {
             return;
@@ -620,12 +652,12 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// lose it); a grant handed over while it slept is collected here.
     pub fn request(&mut self, key: &K, prompt_len: u64, now: u64) -> Verdict {
         self.expire(now);
-        let h = self.sessions.entry(key.clone()).or_default();
-        if let Some(grant) = h.grant.take() {
+        let s = self.slot_or_insert(key);
+        if let Some(grant) = self.sessions[s].history.grant.take() {
             return grant;
         }
-        self.learn_growth(key, prompt_len);
-        let h = self.sessions.get_mut(key).expect("just made");
+        self.learn_growth(s, prompt_len);
+        let h = &mut self.sessions[s].history;
         if h.turns > 0 && h.gap_open {
             h.gap_open = false;
             let gap = now.saturating_sub(h.released_at);
@@ -635,14 +667,16 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.mean_ln_gap = running_mean(self.mean_ln_gap, (gap.max(1_000_000) as f64).ln());
         }
         h.queued_prompt = prompt_len;
-        if self.members.contains_key(key) {
+        if self.sessions[s].member.is_some() {
+            let h = &mut self.sessions[s].history;
             h.expect_hit = h.last_prompt + h.last_output;
             h.turn_cold = !self.holding;
-            self.grow_member(key, prompt_len);
-            self.refresh_reserve(key);
-            self.shrink_to_fit(now, Some(key));
+            self.grow_member(s, prompt_len);
+            self.refresh_reserve(s);
+            self.shrink_to_fit(now, Some(s));
             return Verdict::Member;
         }
+        let h = &mut self.sessions[s].history;
         if h.queued.is_none() {
             let class = if h.returning {
                 Class::Returning
@@ -651,22 +685,43 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             };
             h.queued = Some((class, self.next_seq));
             h.queued_at = now;
-            self.queue.insert((class, self.next_seq), key.clone());
+            self.queue.insert((class, self.next_seq), s);
             self.next_seq += 1;
         }
-        if self.queue.values().next() != Some(key) {
-            if self.cold_head_that_fits() == Some(key) {
-                self.join(key, prompt_len, now);
+        if self.queue.values().next() != Some(&s) {
+            if self.cold_head_that_fits() == Some(s) {
+                self.join(s, prompt_len, now);
                 return Verdict::Fits;
             }
             return Verdict::Wait;
         }
         self.update_holding();
-        let verdict = self.head_verdict(key, prompt_len, now);
+        let verdict = self.head_verdict(s, prompt_len, now);
         if verdict != Verdict::Wait {
-            self.join(key, prompt_len, now);
+            self.join(s, prompt_len, now);
         }
         verdict
+    }
+
+    /// Every member, with its slot (in no particular order).
+    fn members(&self) -> impl Iterator<Item = (Slot, &Member)> {
+        self.sessions
+            .iter()
+            .filter_map(|(s, r)| Some((s, r.member.as_ref()?)))
+    }
+
+    /// The slot of `key`'s record, made empty if the session is new.
+    fn slot_or_insert(&mut self, key: &K) -> Slot {
+        if let Some(&s) = self.slots.get(key) {
+            return s;
+        }
+        let s = self.sessions.insert(Session {
+            key: key.clone(),
+            history: History::default(),
+            member: None,
+        });
+        self.slots.insert(key.clone(), s);
+        s
     }
 
     /// Whether holding sessions out pays at all. Holding keeps the cache hot
@@ -699,12 +754,12 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let cycle = (self.mean_turn_ns + gap) / 1e9;
         let turn = self.mean_turn_ns / 1e9;
         let capacity = self.capacity();
-        if rate <= 0.0 || turn <= 0.0 || self.members.is_empty() || !capacity.is_finite() {
+        if rate <= 0.0 || turn <= 0.0 || self.member_count == 0 || !capacity.is_finite() {
             return None;
         }
         let footprint =
-            (self.own_sum as f64 / self.members.len() as f64 + self.shared_prefix as f64).max(1.0);
-        let active = (self.members.len() + self.queue.len()) as f64;
+            (self.own_sum as f64 / self.member_count as f64 + self.shared_prefix as f64).max(1.0);
+        let active = (self.member_count + self.queue.len()) as f64;
         let fit = (capacity / footprint).max(1.0).min(active);
         let hot = fit / cycle;
         let cold = (active / cycle).min(rate / footprint).min(fit / turn);
@@ -727,17 +782,18 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         };
     }
 
-    fn head_verdict(&mut self, key: &K, prompt_len: u64, now: u64) -> Verdict {
+    fn head_verdict(&mut self, s: Slot, prompt_len: u64, now: u64) -> Verdict {
+        let key = &self.sessions[s].key;
         if self.head.as_ref().map(|(k, _)| k) != Some(key) {
             self.head = Some((key.clone(), now));
         }
-        if self.members.is_empty() {
+        if self.member_count == 0 {
             return Verdict::Empty;
         }
         if !self.holding {
             return Verdict::RunningColdPays;
         }
-        let need = self.need(key, prompt_len);
+        let need = self.need(s, prompt_len);
         let fits = |ws: &Self| ws.fits_beside_members(need);
         if fits(self) {
             return Verdict::Fits;
@@ -745,24 +801,24 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         // Past the bound, members between turns make room for it, least
         // recently released first; members in flight are never cut short,
         // so it may still have to wait for one of them to end.
-        if now >= self.bound_start(key).saturating_add(self.wait_bound_ns()) {
+        if now >= self.bound_start(s).saturating_add(self.wait_bound_ns()) {
             while !fits(self) && self.park_lru(now, None) {}
-            if fits(self) || self.members.is_empty() {
+            if fits(self) || self.member_count == 0 {
                 return Verdict::WaitBound;
             }
-            self.sessions.get_mut(key).expect("queued").past_bound = true;
+            self.sessions[s].history.past_bound = true;
         }
         Verdict::Wait
     }
 
-    /// When the wait bound's clock started for `key`, the queue head: when
+    /// When the wait bound's clock started for the queue head at `s`: when
     /// it reached the head (a head not yet looked at counts from its
     /// queueing, which only wakes it early).
-    fn bound_start(&self, key: &K) -> u64 {
-        let queued_at = self.sessions[key].queued_at;
+    fn bound_start(&self, s: Slot) -> u64 {
+        let Session { key, history, .. } = &self.sessions[s];
         match &self.head {
-            Some((k, since)) if k == key => queued_at.max(*since),
-            _ => queued_at,
+            Some((k, since)) if k == key => history.queued_at.max(*since),
+            _ => history.queued_at,
         }
     }
 
@@ -777,23 +833,24 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// the room that freed (makespan 1.04 and 0.99 of the best cap; with
     /// this, 0.97 and 0.98); elsewhere nothing changes. A head past its wait
     /// bound takes precedence again: members are parked for it.
-    fn cold_head_that_fits(&self) -> Option<&K> {
-        let (&(class, _), head) = self.queue.first_key_value()?;
-        let h = &self.sessions[head];
-        if class != Class::Returning || h.past_bound || self.members.is_empty() {
+    fn cold_head_that_fits(&self) -> Option<Slot> {
+        let (&(class, _), &head) = self.queue.first_key_value()?;
+        let h = &self.sessions[head].history;
+        if class != Class::Returning || h.past_bound || self.member_count == 0 {
             return None;
         }
-        let (_, cold) = self.queue.range((Class::New, 0)..).next()?;
-        let fits =
-            |key: &K| self.fits_beside_members(self.need(key, self.sessions[key].queued_prompt));
+        let (_, &cold) = self.queue.range((Class::New, 0)..).next()?;
+        let fits = |s: Slot| {
+            self.fits_beside_members(self.need(s, self.sessions[s].history.queued_prompt))
+        };
         (!fits(head) && fits(cold)).then_some(cold)
     }
 
     /// The tokens a session outside the working set would add by joining
     /// with a `prompt_len`-token prompt: its footprint, less the shared
     /// prefix already counted.
-    fn need(&self, key: &K, prompt_len: u64) -> u64 {
-        self.own(key, self.footprint(key, prompt_len))
+    fn need(&self, s: Slot, prompt_len: u64) -> u64 {
+        self.own(s, self.footprint(s, prompt_len))
     }
 
     /// Whether `need` more tokens fit: beside what is counted now (the
@@ -803,70 +860,72 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         (self.counted() + self.reserve_sum + need) as f64 <= self.capacity()
     }
 
-    fn dequeue(&mut self, key: &K) {
-        if let Some(h) = self.sessions.get_mut(key) {
-            h.past_bound = false;
-            if let Some(pos) = h.queued.take() {
-                self.queue.remove(&pos);
-            }
+    fn dequeue(&mut self, s: Slot) {
+        let h = &mut self.sessions[s].history;
+        h.past_bound = false;
+        if let Some(pos) = h.queued.take() {
+            self.queue.remove(&pos);
         }
     }
 
-    fn join(&mut self, key: &K, prompt_len: u64, now: u64) {
-        self.dequeue(key);
+    fn join(&mut self, s: Slot, prompt_len: u64, now: u64) {
+        self.dequeue(s);
         // Its own ghost no longer counts: those blocks are its own again.
+        let key = &self.sessions[s].key;
         self.ghosts.retain(|(_, _, k)| k != key);
-        let footprint = self.footprint(key, prompt_len);
-        self.own_sum += self.own(key, footprint);
+        let footprint = self.footprint(s, prompt_len);
+        self.own_sum += self.own(s, footprint);
         self.next_seq += 1;
-        let before = self.members.insert(
-            key.clone(),
-            Member {
-                footprint,
-                in_flight: 1,
-                released_at: now,
-                joined: self.next_seq,
-                reserve: 0,
-            },
-        );
+        let before = self.sessions[s].member.replace(Member {
+            footprint,
+            in_flight: 1,
+            released_at: now,
+            joined: self.next_seq,
+            reserve: 0,
+        });
         debug_assert!(before.is_none(), "only a non-member joins");
-        self.refresh_reserve(key);
-        let h = self
-            .sessions
-            .get_mut(key)
-            .expect("a queued session is known");
+        self.member_count += 1;
+        self.refresh_reserve(s);
+        let h = &mut self.sessions[s].history;
         h.returning = false;
         h.last_prompt = prompt_len;
         h.turn_cold = !self.holding;
     }
 
-    fn grow_member(&mut self, key: &K, prompt_len: u64) {
-        let footprint = self.footprint(key, prompt_len);
-        let own_new = self.own(key, footprint);
-        let m = self.members.get(key).expect("a member");
-        let own_old = self.own(key, m.footprint);
-        let m = self.members.get_mut(key).expect("a member");
+    fn grow_member(&mut self, s: Slot, prompt_len: u64) {
+        let footprint = self.footprint(s, prompt_len);
+        let own_new = self.own(s, footprint);
+        let own_old = self.own(s, self.sessions[s].member().footprint);
+        let m = self.sessions[s].member_mut();
         self.idle.remove(m);
         m.in_flight += 1;
         if footprint > m.footprint {
             m.footprint = footprint;
             self.own_sum = self.own_sum - own_old + own_new;
         }
-        self.sessions.get_mut(key).expect("known").last_prompt = prompt_len;
+        self.sessions[s].history.last_prompt = prompt_len;
+    }
+
+    /// Takes the member out of the record at `s` (and out of the index of
+    /// members between turns), if the session is one.
+    fn take_member(&mut self, s: Slot) -> Option<Member> {
+        let m = self.sessions[s].member.take()?;
+        self.idle.remove(&m);
+        self.member_count -= 1;
+        Some(m)
     }
 
     /// The attempt of `key` is gone (timed out, cancelled, its gate closed):
     /// it leaves the queue, and a grant it never collected is undone.
     pub fn withdraw(&mut self, key: &K) {
-        self.dequeue(key);
-        let Some(h) = self.sessions.get_mut(key) else {
+        let Some(&s) = self.slots.get(key) else {
             return;
         };
-        if h.grant.take().is_some() {
+        self.dequeue(s);
+        if self.sessions[s].history.grant.take().is_some() {
             // It never ran: nothing of it is cached beyond what was before.
-            if let Some(m) = self.members.remove(key) {
-                self.idle.remove(&m);
-                self.own_sum -= self.own(key, m.footprint);
+            if let Some(m) = self.take_member(s) {
+                self.own_sum -= self.own(s, m.footprint);
                 self.reserve_sum -= m.reserve;
             }
             self.prune_ghosts();
@@ -883,7 +942,13 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// to (0: none): a release names it, so a lease granted before the
     /// session was finished and began again cannot end the new stay's turn.
     pub fn membership(&self, key: &K) -> u64 {
-        self.members.get(key).map_or(0, |m| m.joined)
+        self.membership_at(self.slots.get(key).copied())
+    }
+
+    /// [`WorkingSet::membership`] of the session at `s`, if it is known.
+    fn membership_at(&self, s: Option<Slot>) -> u64 {
+        s.and_then(|s| self.sessions[s].member.as_ref())
+            .map_or(0, |m| m.joined)
     }
 
     /// A turn of `key` admitted at `admitted_at`, during its current stay
@@ -914,22 +979,27 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         membership: u64,
         now: u64,
     ) {
-        if self.membership(key) != membership {
+        let slot = self.slots.get(key).copied();
+        if self.membership_at(slot) != membership {
             self.expire(now);
             return;
         }
         // Own tokens before this turn's report changes the session's credit.
-        let own_old = self.members.get(key).map(|m| self.own(key, m.footprint));
-        let cold = self.sessions.get(key).is_some_and(|h| h.turn_cold);
+        let own_old = slot.and_then(|s| {
+            let m = self.sessions[s].member.as_ref()?;
+            Some(self.own(s, m.footprint))
+        });
+        let cold = slot.is_some_and(|s| self.sessions[s].history.turn_cold);
         if !cold {
             let turn = now.saturating_sub(admitted_at) as f64;
             self.mean_turn_ns = running_mean(self.mean_turn_ns, turn);
         }
-        self.learn(key, prompt_len, report, admitted_at, now);
+        self.learn(slot, prompt_len, report, admitted_at, now);
         let refill = self.window_ns();
-        let Some(h) = self.sessions.get_mut(key) else {
+        let Some(s) = slot else {
             return;
         };
+        let h = &mut self.sessions[s].history;
         let output = report.output_tokens.unwrap_or(h.last_output);
         h.turns += 1;
         h.last_prompt = prompt_len;
@@ -939,9 +1009,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let keeps_window = keeps_window(&h.gaps, refill);
         if let Some(own_old) = own_old {
             let footprint = self.blocks(prompt_len + output);
-            let own_new = self.own(key, footprint);
+            let own_new = self.own(s, footprint);
             self.own_sum = self.own_sum - own_old + own_new;
-            let m = self.members.get_mut(key).expect("a member");
+            let m = self.sessions[s].member_mut();
             self.idle.remove(m);
             m.footprint = footprint;
             m.in_flight = m.in_flight.saturating_sub(1);
@@ -949,10 +1019,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             if between_turns {
                 m.released_at = now;
             }
-            self.idle.insert(key, m);
-            self.refresh_reserve(key);
+            self.idle.insert(s, m);
+            self.refresh_reserve(s);
             if between_turns && !keeps_window {
-                self.leave(key, now, true);
+                self.leave(s, now, true);
             }
         }
         self.expire(now);
@@ -960,10 +1030,17 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     /// Learns output length, the shared prefix, the prefill rate and the
-    /// members' misses from one turn's report. A cold turn's misses
-    /// (`History::turn_cold`) are not the capacity's: it was let in beyond
-    /// what fits.
-    fn learn(&mut self, key: &K, prompt_len: u64, report: TurnReport, admitted_at: u64, now: u64) {
+    /// members' misses from one turn's report (of the session at `s`, if
+    /// it is known). A cold turn's misses (`History::turn_cold`) are not
+    /// the capacity's: it was let in beyond what fits.
+    fn learn(
+        &mut self,
+        s: Option<Slot>,
+        prompt_len: u64,
+        report: TurnReport,
+        admitted_at: u64,
+        now: u64,
+    ) {
         if let Some(out) = report.output_tokens {
             self.mean_output = running_mean(self.mean_output, out as f64);
         }
@@ -971,9 +1048,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return;
         };
         let block = u64::from(self.engine.block_tokens.max(1));
-        let Some(h) = self.sessions.get_mut(key) else {
+        let Some(s) = s else {
             return;
         };
+        let h = &mut self.sessions[s].history;
         if h.turns == 0 {
             h.shared_credit = cached;
             self.shared_prefix = self.shared_prefix.max(cached);
@@ -1014,55 +1092,57 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// An attempt of it still waiting (finishing cancels no attempt) keeps
     /// its place in line, as a new session's.
     pub fn finish(&mut self, key: &K, now: u64) {
-        self.leave(key, now, false);
-        if let Some(h) = self.sessions.remove(key) {
-            if h.queued.is_some() {
-                self.sessions.insert(
-                    key.clone(),
-                    History {
-                        queued: h.queued,
-                        queued_at: h.queued_at,
-                        queued_prompt: h.queued_prompt,
-                        ..History::default()
-                    },
-                );
-            }
+        let Some(&s) = self.slots.get(key) else {
+            // As leaving does, whoever leaves.
+            self.prune_ghosts();
+            return;
+        };
+        self.leave(s, now, false);
+        let h = &mut self.sessions[s].history;
+        if h.queued.is_some() {
+            *h = History {
+                queued: h.queued,
+                queued_at: h.queued_at,
+                queued_prompt: h.queued_prompt,
+                ..History::default()
+            };
+        } else {
+            self.sessions.remove(s);
+            self.slots.remove(key);
         }
     }
 
-    fn leave(&mut self, key: &K, now: u64, returning: bool) {
-        if let Some(m) = self.members.remove(key) {
-            self.idle.remove(&m);
-            let own = self.own(key, m.footprint);
+    fn leave(&mut self, s: Slot, now: u64, returning: bool) {
+        if let Some(m) = self.take_member(s) {
+            let own = self.own(s, m.footprint);
             self.own_sum -= own;
             self.reserve_sum -= m.reserve;
             let released = if m.in_flight > 0 { now } else { m.released_at };
             let at = self.ghosts.partition_point(|(r, _, _)| *r <= released);
-            self.ghosts.insert(at, (released, own, key.clone()));
+            let key = self.sessions[s].key.clone();
+            self.ghosts.insert(at, (released, own, key));
         }
-        if let Some(h) = self.sessions.get_mut(key) {
-            h.returning = returning;
-        }
+        self.sessions[s].history.returning = returning;
         self.prune_ghosts();
     }
 
     /// Parks the member between turns released longest ago (never `keep`).
-    fn park_lru(&mut self, now: u64, keep: Option<&K>) -> bool {
+    fn park_lru(&mut self, now: u64, keep: Option<Slot>) -> bool {
         let victim = self
             .idle
             .by_release
             .values()
-            .find(|k| Some(*k) != keep)
-            .cloned();
+            .find(|&&s| Some(s) != keep)
+            .copied();
         let Some(victim) = victim else {
             return false;
         };
-        self.leave(&victim, now, true);
+        self.leave(victim, now, true);
         self.parked += 1;
         true
     }
 
-    fn shrink_to_fit(&mut self, now: u64, keep: Option<&K>) {
+    fn shrink_to_fit(&mut self, now: u64, keep: Option<Slot>) {
         // Nobody is parked while running cold pays, as last decided for a
         // queue head: deciding again here, right after letting a head in for
         // running cold, could park a member for the room it was let in
@@ -1082,23 +1162,19 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// after it, while the queue waited for the wait bound (`long-tools`:
     /// 124 turns waited up to 75 s behind one such member, gone to a
     /// five-minute tool call).
-    fn first_window_end(&self) -> Option<(u64, &K)> {
+    fn first_window_end(&self) -> Option<(u64, Slot)> {
         let refill = self.window_ns();
         self.idle
             .by_release
             .first_key_value()
-            .map(|((released, _), key)| (released.saturating_add(refill), key))
+            .map(|((released, _), &s)| (released.saturating_add(refill), s))
     }
 
     /// Ends the windows that are over at `now`.
     pub fn expire(&mut self, now: u64) {
         // Leaving drops the member from the index: each pass makes progress.
-        while let Some(key) = self
-            .first_window_end()
-            .filter(|(until, _)| *until <= now)
-            .map(|(_, key)| key.clone())
-        {
-            self.leave(&key, now, true);
+        while let Some((_, s)) = self.first_window_end().filter(|(until, _)| *until <= now) {
+            self.leave(s, now, true);
         }
     }
 
@@ -1111,8 +1187,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             .queue
             .values()
             .next()
-            .filter(|k| !self.sessions[*k].past_bound)
-            .map(|k| self.bound_start(k).saturating_add(self.wait_bound_ns()));
+            .filter(|&&s| !self.sessions[s].history.past_bound)
+            .map(|&s| self.bound_start(s).saturating_add(self.wait_bound_ns()));
         match (window, bound) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -1129,35 +1205,107 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if !self.queue.is_empty() {
             self.update_holding();
         }
-        while let Some(key) = self.queue.values().next().cloned() {
-            let prompt = self.sessions[&key].queued_prompt;
-            let verdict = self.head_verdict(&key, prompt, now);
+        while let Some(&s) = self.queue.values().next() {
+            let prompt = self.sessions[s].history.queued_prompt;
+            let verdict = self.head_verdict(s, prompt, now);
             if verdict == Verdict::Wait {
-                let Some(cold) = self.cold_head_that_fits().cloned() else {
+                let Some(cold) = self.cold_head_that_fits() else {
                     break;
                 };
-                let prompt = self.sessions[&cold].queued_prompt;
-                self.join(&cold, prompt, now);
-                self.sessions.get_mut(&cold).expect("queued").grant = Some(Verdict::Fits);
-                out.push((cold, Verdict::Fits));
+                let prompt = self.sessions[cold].history.queued_prompt;
+                self.join(cold, prompt, now);
+                self.hand_over(cold, Verdict::Fits, out);
                 continue;
             }
-            self.join(&key, prompt, now);
-            self.sessions.get_mut(&key).expect("queued").grant = Some(verdict);
-            out.push((key, verdict));
+            self.join(s, prompt, now);
+            self.hand_over(s, verdict, out);
         }
     }
 
+    /// Keeps the grant of the session at `s`, just let in, for its attempt
+    /// to collect, and names it in `out`.
+    fn hand_over(&mut self, s: Slot, verdict: Verdict, out: &mut Vec<(K, Verdict)>) {
+        let Session { key, history, .. } = &mut self.sessions[s];
+        history.grant = Some(verdict);
+        out.push((key.clone(), verdict));
+    }
+
     /// Checks the ledger's internal consistency (used by the property
-    /// tests): the running sum matches the members, nobody is both queued
-    /// and a member, the queue and the sessions agree.
+    /// tests): the key index and the records agree, the member count and
+    /// the running sums match the members, the index of members between
+    /// turns holds exactly them, nobody is both queued and a member, the
+    /// queue and the sessions agree.
     #[doc(hidden)]
     pub fn audit(&self) -> Result<(), String> {
-        let idle: Vec<(&K, &Member)> = self
-            .members
+        self.audit_slots()?;
+        self.audit_idle()?;
+        if self.members().count() != self.member_count {
+            return Err(format!(
+                "{} members counted but {} records have one",
+                self.member_count,
+                self.members().count()
+            ));
+        }
+        let sum: u64 = self.members().map(|(s, m)| self.own(s, m.footprint)).sum();
+        if sum != self.own_sum {
+            return Err(format!(
+                "own_sum {} but members add up to {sum}",
+                self.own_sum
+            ));
+        }
+        let reserves: u64 = self.members().map(|(_, m)| m.reserve).sum();
+        if reserves != self.reserve_sum {
+            return Err(format!(
+                "reserve_sum {} but members' reserves add up to {reserves}",
+                self.reserve_sum
+            ));
+        }
+        for (pos, &s) in &self.queue {
+            let Some(r) = self.sessions.get(s) else {
+                return Err("a queued session has no record".into());
+            };
+            if r.member.is_some() {
+                return Err("a member is queued".into());
+            }
+            if r.history.queued != Some(*pos) {
+                return Err("queue and session disagree".into());
+            }
+        }
+        let queued = self
+            .sessions
             .iter()
-            .filter(|(_, m)| m.in_flight == 0)
-            .collect();
+            .filter(|(_, r)| r.history.queued.is_some())
+            .count();
+        if queued != self.queue.len() {
+            return Err("a session thinks it is queued".into());
+        }
+        if self.member_count > 0 && self.ghosts.iter().any(|(_, _, k)| self.is_member(k)) {
+            return Err("a member is also a ghost".into());
+        }
+        Ok(())
+    }
+
+    /// The key index names every record, each at its own slot, and nothing else.
+    fn audit_slots(&self) -> Result<(), String> {
+        if self.slots.len() != self.sessions.len() {
+            return Err(format!(
+                "{} keys indexed but {} records",
+                self.slots.len(),
+                self.sessions.len()
+            ));
+        }
+        for (k, &s) in &self.slots {
+            if self.sessions.get(s).map(|r| &r.key) != Some(k) {
+                return Err("a key is indexed at another session's slot".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of members between turns holds each of them once, at its
+    /// release, and nothing else.
+    fn audit_idle(&self) -> Result<(), String> {
+        let idle: Vec<(Slot, &Member)> = self.members().filter(|(_, m)| m.in_flight == 0).collect();
         if idle.len() != self.idle.by_release.len() {
             return Err(format!(
                 "{} members between turns but {} indexed",
@@ -1165,52 +1313,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 self.idle.by_release.len(),
             ));
         }
-        for (k, m) in idle {
-            if self.idle.by_release.get(&(m.released_at, m.joined)) != Some(k) {
+        for (s, m) in idle {
+            if self.idle.by_release.get(&(m.released_at, m.joined)) != Some(&s) {
                 return Err("a member between turns is indexed wrongly".into());
             }
-        }
-        let sum: u64 = self
-            .members
-            .iter()
-            .map(|(k, m)| self.own(k, m.footprint))
-            .sum();
-        if sum != self.own_sum {
-            return Err(format!(
-                "own_sum {} but members add up to {sum}",
-                self.own_sum
-            ));
-        }
-        let reserves: u64 = self.members.values().map(|m| m.reserve).sum();
-        if reserves != self.reserve_sum {
-            return Err(format!(
-                "reserve_sum {} but members' reserves add up to {reserves}",
-                self.reserve_sum
-            ));
-        }
-        for (pos, k) in &self.queue {
-            if self.members.contains_key(k) {
-                return Err("a member is queued".into());
-            }
-            if self.sessions.get(k).and_then(|h| h.queued) != Some(*pos) {
-                return Err("queue and session disagree".into());
-            }
-        }
-        let queued = self
-            .sessions
-            .values()
-            .filter(|h| h.queued.is_some())
-            .count();
-        if queued != self.queue.len() {
-            return Err("a session thinks it is queued".into());
-        }
-        if !self.members.is_empty()
-            && self
-                .ghosts
-                .iter()
-                .any(|(_, _, k)| self.members.contains_key(k))
-        {
-            return Err("a member is also a ghost".into());
         }
         Ok(())
     }
@@ -1218,24 +1324,30 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Where `key` waits: whether it is a returning session (ahead of all
     /// new ones), and its sequence number (FIFO within its class).
     pub fn queue_position(&self, key: &K) -> Option<(bool, u64)> {
-        let (class, seq) = self.sessions.get(key)?.queued?;
+        let (class, seq) = self.history(key)?.queued?;
         Some((class == Class::Returning, seq))
     }
 
     /// Whether `key` is waiting in the queue.
     pub fn is_waiting(&self, key: &K) -> bool {
-        self.sessions.get(key).is_some_and(|h| h.queued.is_some())
+        self.history(key).is_some_and(|h| h.queued.is_some())
     }
 
     /// Whether `key` is in the working set.
     pub fn is_member(&self, key: &K) -> bool {
-        self.members.contains_key(key)
+        self.slots
+            .get(key)
+            .is_some_and(|&s| self.sessions[s].member.is_some())
+    }
+
+    fn history(&self, key: &K) -> Option<&History> {
+        self.slots.get(key).map(|&s| &self.sessions[s].history)
     }
 
     /// Figures for monitoring.
     pub fn stats(&self) -> WorkingSetStats {
         WorkingSetStats {
-            members: self.members.len(),
+            members: self.member_count,
             waiting: self.queue.len(),
             load_tokens: self.load(),
             capacity_tokens: self.estimate.map_or(0, |c| c as u64),
