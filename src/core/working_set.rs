@@ -1461,25 +1461,21 @@ fn running_mean(mean: f64, sample: f64) -> f64 {
 /// Whether a session keeps a window between turns: not once its own tool
 /// calls usually (median of its recent gaps) outlast the refill window:
 /// holding its place would then cost more than refilling what it loses.
+/// The median of `n` gaps (the upper one of an even count, the `n / 2`-th
+/// in ascending order) is at most `refill` exactly when more than `n / 2`
+/// of them are: counted, not sorted. Sorting a copy of the gaps at every
+/// release cost 135 of the 5,471 instructions of a turn
+/// (`benches/instructions.rs`, `open_1t/working_set/hot`).
 fn keeps_window(gaps: &Gaps, refill: u64) -> bool {
-    gaps.len() < GAPS_TO_JUDGE || gaps.median() <= refill
+    gaps.len() < GAPS_TO_JUDGE || gaps.at_most(refill) > gaps.len() / 2
 }
 
-/// A session's last [`GAP_SAMPLES`] tool gaps, ns, kept both in arrival
-/// order (to know which one a new gap replaces) and sorted (so that
-/// [`keeps_window`], at every release, reads the median instead of
-/// sorting). Sorting a copy at every release cost 135 of the 5,471
-/// instructions of a turn (`benches/instructions.rs`,
-/// `open_1t/working_set/hot`: 5,336 with this); keeping the sorted copy as
-/// each gap arrives is a few shifts of at most eight words. Inline arrays:
-/// no allocation per session either.
+/// A session's last [`GAP_SAMPLES`] tool gaps, ns: a ring in an inline
+/// array (no allocation per session), whose oldest gap, once it is full,
+/// is at `next`, the place the next gap takes.
 #[derive(Debug, Clone, Default)]
 struct Gaps {
-    /// The gaps in arrival order, a ring: once it is full, the oldest is
-    /// at `next`, the slot the next gap takes.
     recent: [u64; GAP_SAMPLES],
-    /// The same gaps, ascending, in `sorted[..len]`.
-    sorted: [u64; GAP_SAMPLES],
     len: usize,
     next: usize,
 }
@@ -1487,28 +1483,21 @@ struct Gaps {
 impl Gaps {
     /// Remembers `gap`, forgetting the oldest once [`GAP_SAMPLES`] are kept.
     fn push(&mut self, gap: u64) {
-        if self.len == GAP_SAMPLES {
-            let oldest = self.recent[self.next];
-            let at = self.sorted.partition_point(|g| *g < oldest);
-            debug_assert_eq!(self.sorted[at], oldest, "both hold the same gaps");
-            self.sorted.copy_within(at + 1.., at);
-            self.len -= 1;
-        }
         self.recent[self.next] = gap;
         self.next = (self.next + 1) % GAP_SAMPLES;
-        let at = self.sorted[..self.len].partition_point(|g| *g <= gap);
-        self.sorted.copy_within(at..self.len, at + 1);
-        self.sorted[at] = gap;
-        self.len += 1;
+        self.len = (self.len + 1).min(GAP_SAMPLES);
     }
 
     fn len(&self) -> usize {
         self.len
     }
 
-    /// The median gap (the upper one of an even count); at least one is kept.
-    fn median(&self) -> u64 {
-        self.sorted[self.len / 2]
+    /// How many of the gaps are at most `limit`.
+    fn at_most(&self, limit: u64) -> usize {
+        self.recent[..self.len]
+            .iter()
+            .filter(|gap| **gap <= limit)
+            .count()
     }
 }
 
@@ -1530,22 +1519,27 @@ mod tests {
     }
 
     #[test]
-    fn gaps_give_the_median_of_the_last_eight() {
+    fn a_window_is_kept_while_the_median_of_the_last_eight_gaps_is_within_it() {
         let mut gaps = Gaps::default();
         let mut all = Vec::new();
         let mut x = 12345u64;
-        for _ in 0..200 {
-            // A small range, so that equal gaps come often.
+        let mut next = || {
             x = x
                 .wrapping_mul(6_364_136_223_846_793_005)
                 .wrapping_add(1_442_695_040_888_963_407);
-            let gap = (x >> 33) % 50;
+            // A small range, so that equal gaps (and refills) come often.
+            (x >> 33) % 50
+        };
+        for _ in 0..300 {
+            let gap = next();
             gaps.push(gap);
             all.push(gap);
             let mut last: Vec<u64> = all.iter().rev().take(GAP_SAMPLES).copied().collect();
             last.sort_unstable();
-            assert_eq!(&gaps.sorted[..gaps.len()], &last[..]);
-            assert_eq!(gaps.median(), last[last.len() / 2]);
+            assert_eq!(gaps.len(), last.len());
+            let refill = next();
+            let by_median = last.len() < GAPS_TO_JUDGE || last[last.len() / 2] <= refill;
+            assert_eq!(keeps_window(&gaps, refill), by_median, "{last:?} {refill}");
         }
     }
 
