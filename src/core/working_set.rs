@@ -379,6 +379,110 @@ struct History {
     turn_cold: bool,
 }
 
+/// Sessions that left the working set (parked, window over, finished),
+/// whose blocks the engine may still hold: each with when its blocks were
+/// freed and its own tokens, in order of release, and the sum of those
+/// tokens. The ghosts that count are those freed after some member between
+/// turns ([`WorkingSet::ghost_tokens`]); the older ones are dropped as they
+/// stop counting, so the answer is nearly always all of them: the sum,
+/// not a walk over every ghost at every fit test.
+#[derive(Debug)]
+struct Ghosts<K> {
+    /// (released at, own tokens, session), oldest first.
+    by_release: VecDeque<(u64, u64, K)>,
+    /// Their own tokens, summed.
+    own_sum: u64,
+}
+
+impl<K> Default for Ghosts<K> {
+    fn default() -> Self {
+        Self {
+            by_release: VecDeque::new(),
+            own_sum: 0,
+        }
+    }
+}
+
+impl<K: PartialEq> Ghosts<K> {
+    fn is_empty(&self) -> bool {
+        self.by_release.is_empty()
+    }
+
+    /// A ghost of `key` whose blocks were freed at `released`, after any
+    /// freed at the same time.
+    fn insert(&mut self, released: u64, own: u64, key: K) {
+        let at = self.by_release.partition_point(|(r, _, _)| *r <= released);
+        self.by_release.insert(at, (released, own, key));
+        self.own_sum += own;
+    }
+
+    /// The own tokens of the ghosts freed after `oldest`.
+    fn own_freed_after(&self, oldest: u64) -> u64 {
+        match self.by_release.front() {
+            None => 0,
+            Some((first, _, _)) if *first > oldest => self.own_sum,
+            Some(_) => {
+                let at = self.by_release.partition_point(|(r, _, _)| *r <= oldest);
+                self.by_release.range(at..).map(|(_, own, _)| *own).sum()
+            }
+        }
+    }
+
+    /// Drops the ghosts freed at or before `oldest`.
+    fn drop_freed_by(&mut self, oldest: u64) {
+        while self
+            .by_release
+            .front()
+            .is_some_and(|(released, _, _)| *released <= oldest)
+        {
+            if let Some((_, own, _)) = self.by_release.pop_front() {
+                self.own_sum -= own;
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.by_release.clear();
+        self.own_sum = 0;
+    }
+
+    /// Drops `key`'s ghost: its blocks are its own again.
+    fn forget(&mut self, key: &K) {
+        let own_sum = &mut self.own_sum;
+        self.by_release.retain(|(_, own, k)| {
+            let keep = k != key;
+            if !keep {
+                *own_sum -= own;
+            }
+            keep
+        });
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &K> {
+        self.by_release.iter().map(|(_, _, k)| k)
+    }
+
+    /// In order of release, and the sum right.
+    fn audit(&self) -> Result<(), String> {
+        let in_order = self
+            .by_release
+            .iter()
+            .zip(self.by_release.iter().skip(1))
+            .all(|(a, b)| a.0 <= b.0);
+        if !in_order {
+            return Err("ghosts out of release order".into());
+        }
+        let sum: u64 = self.by_release.iter().map(|(_, own, _)| *own).sum();
+        if sum != self.own_sum {
+            return Err(format!(
+                "ghosts' own_sum {} but they add up to {sum}",
+                self.own_sum
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// All the working set keeps of one session: what it learned of it and,
 /// while the session is in the working set, its membership. One record
 /// (not a map of histories beside a map of members) so that a call finds
@@ -446,8 +550,8 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     reserve_sum: u64,
     queue: BTreeMap<(Class, u64), Slot>,
     next_seq: u64,
-    /// Departed sessions: (released at, own tokens, session), oldest first.
-    ghosts: VecDeque<(u64, u64, K)>,
+    /// Departed sessions whose blocks may still be cached.
+    ghosts: Ghosts<K>,
     shared_prefix: u64,
     /// Prefill rate measured from turn reports, tokens/s (a lower bound).
     reported_rate: f64,
@@ -500,7 +604,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             reserve_sum: 0,
             queue: BTreeMap::new(),
             next_seq: 0,
-            ghosts: VecDeque::new(),
+            ghosts: Ghosts::default(),
             shared_prefix: 0,
             reported_rate: 0.0,
             window: tuning.initial_window_ns,
@@ -628,14 +732,13 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Ghosts freed after the oldest member between turns still hold the
     /// cache that the next allocations would otherwise take from it.
     fn ghost_tokens(&self) -> u64 {
+        if self.ghosts.is_empty() {
+            return 0;
+        }
         let Some(oldest) = self.oldest_idle_release() else {
             return 0;
         };
-        self.ghosts
-            .iter()
-            .filter(|(released, _, _)| *released > oldest)
-            .map(|(_, own, _)| *own)
-            .sum()
+        self.ghosts.own_freed_after(oldest)
     }
 
     fn prune_ghosts(&mut self) {
@@ -643,11 +746,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             // Nobody between turns: every ghost is older than anything a
             // member will free, so none protects anything any more.
             None => self.ghosts.clear(),
-            Some(oldest) => {
-                while self.ghosts.front().is_some_and(|(r, _, _)| *r <= oldest) {
-                    self.ghosts.pop_front();
-                }
-            }
+            Some(oldest) => self.ghosts.drop_freed_by(oldest),
         }
     }
 
@@ -941,7 +1040,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.dequeue(s);
         // Its own ghost no longer counts: those blocks are its own again.
         let key = &self.sessions[s].key;
-        self.ghosts.retain(|(_, _, k)| k != key);
+        self.ghosts.forget(key);
         let footprint = self.footprint(s, prompt_len);
         self.own_sum += self.own(s, footprint);
         self.next_seq += 1;
@@ -1188,9 +1287,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.own_sum -= own;
             self.reserve_sum -= m.reserve;
             let released = if m.in_flight > 0 { now } else { m.released_at };
-            let at = self.ghosts.partition_point(|(r, _, _)| *r <= released);
             let key = self.sessions[s].key.clone();
-            self.ghosts.insert(at, (released, own, key));
+            self.ghosts.insert(released, own, key);
         }
         self.sessions[s].history.returning = returning;
         self.prune_ghosts();
@@ -1342,10 +1440,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if queued != self.queue.len() {
             return Err("a session thinks it is queued".into());
         }
-        if self.member_count > 0 && self.ghosts.iter().any(|(_, _, k)| self.is_member(k)) {
+        if self.member_count > 0 && self.ghosts.keys().any(|k| self.is_member(k)) {
             return Err("a member is also a ghost".into());
         }
-        Ok(())
+        self.ghosts.audit()
     }
 
     /// The key index names every record, each at its own slot, and nothing else.
