@@ -112,8 +112,7 @@ impl Ledger {
             if let Some(usage) = usage {
                 set.observe_usage(usage);
             }
-            let verdict = set.request(id, prompt_len as u64, now);
-            (verdict, set.membership(id))
+            set.request_in_stay(id, prompt_len as u64, now)
         });
         (verdict, membership, grants)
     }

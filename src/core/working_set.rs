@@ -819,8 +819,21 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// at `now`. A session already queued keeps its place (a retry does not
     /// lose it); a grant handed over while it slept is collected here.
     pub fn request(&mut self, key: &K, prompt_len: u64, now: u64) -> Verdict {
+        self.request_in_stay(key, prompt_len, now).0
+    }
+
+    /// [`WorkingSet::request`], and then [`WorkingSet::membership`] (the
+    /// stay the turn belongs to, if it was admitted) from the same lookup
+    /// of `key`: the core asks both on every pass.
+    pub(crate) fn request_in_stay(&mut self, key: &K, prompt_len: u64, now: u64) -> (Verdict, u64) {
         self.expire(now);
         let s = self.slot_or_insert(key);
+        let verdict = self.request_at(s, prompt_len, now);
+        (verdict, self.membership_at(Some(s)))
+    }
+
+    /// [`WorkingSet::request`] of the session at `s`.
+    fn request_at(&mut self, s: Slot, prompt_len: u64, now: u64) -> Verdict {
         if let Some(grant) = self.sessions[s].history.grant.take() {
             return grant;
         }
