@@ -623,6 +623,13 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Records the engine's answer to the capacity probe. A new capacity
     /// resets the estimate to it; figures reported as 0 keep what was known.
     pub fn set_engine(&mut self, engine: EngineCapacity) {
+        // A host answers on every pass, nearly always the figures it gave
+        // before: nothing to do then (the window is kept in step with every
+        // figure it derives from). 44 of a turn's 3,773 instructions
+        // (`benches/instructions.rs`, `open_1t/working_set/hot`).
+        if engine == self.engine {
+            return;
+        }
         if engine.tokens > 0 && engine.tokens != self.engine.tokens {
             self.engine.tokens = engine.tokens;
             self.estimate = Some(engine.tokens as f64);
