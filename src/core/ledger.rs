@@ -25,9 +25,16 @@ pub(crate) struct SessionId {
 
 impl SessionId {
     pub(crate) fn of(key: &super::sessions::SessionKey) -> Self {
+        Self::from(key.clone())
+    }
+}
+
+impl From<super::sessions::SessionKey> for SessionId {
+    /// The key's id, taking its bytes (no reference count to bump).
+    fn from(key: super::sessions::SessionKey) -> Self {
         Self {
             hash: key.hash,
-            bytes: key.bytes.clone(),
+            bytes: key.bytes,
         }
     }
 }

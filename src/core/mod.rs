@@ -371,7 +371,7 @@ impl Core {
         match &self.ledger {
             None => self.capacity_event(),
             Some(ledger) => {
-                let id = SessionId::of(&key);
+                let id = SessionId::from(key);
                 let mut grants = ledger.release(&id, turn, report, now);
                 if forget {
                     grants.extend(ledger.forget(&id, now));
