@@ -67,7 +67,7 @@ type KeyMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
 
 /// A session's index in [`WorkingSet::sessions`]: stable for as long as the
 /// working set knows the session, so a call looks its session up once and
-/// the queue and the index of members between turns name sessions by it.
+/// the queue and the list of members between turns name sessions by it.
 type Slot = usize;
 
 /// What the engine says about its KV cache (the capacity probe).
@@ -223,7 +223,7 @@ struct Member {
     /// and its window began.
     released_at: u64,
     /// Order of joining: breaks ties between equal release times, so that
-    /// the choice never depends on the hash map's order.
+    /// the choice never depends on the order the releases came in.
     joined: u64,
     /// What its next turn will add (`WorkingSet::next_turn_growth`), as
     /// last estimated: kept free for it before anyone joins.
