@@ -1222,6 +1222,12 @@ void kvgate_waker_free(struct kvgate_waker *waker);
  * itself, whenever the answer arrives, from any thread. While the attempt
  * sleeps, `waker` delivers `tag` when it has something to look at.
  *
+ * A host that has the prompt's token ids should pass them with
+ * `kvgate_attempt_begin_with_prompt`: given only the length, working-set
+ * admission cannot tell an agent that rewrote its history (compacted it,
+ * stubbed old tool results) from a cache that lost it, and may then hold
+ * the working set below what the cache holds.
+ *
  * On `KVGATE_OK`, the caller owns `*out_attempt` and frees it once with
  * `kvgate_attempt_free` (after its end, or to abandon it). Any step may
  * come first, `KVGATE_STEP_ADMITTED` and `KVGATE_STEP_FAILED` included.
@@ -1244,6 +1250,34 @@ kvgate_status kvgate_attempt_begin(struct kvgate_gate *gate,
                                    uint64_t tag,
                                    struct kvgate_attempt **out_attempt,
                                    struct kvgate_step *out_step);
+
+/**
+ * `kvgate_attempt_begin` with the prompt's token ids instead of its length
+ * (`prompt_len` of them at `prompt_ids`, read during the call only): the
+ * gate keeps a few of them per session (a sketch, not the prompt), to see
+ * how far each turn's prompt begins like the session's last one.
+ * Working-set admission learns the cache's capacity from the members'
+ * turns that miss what they should have hit; with the ids, a turn whose
+ * agent rewrote its history (compacted it, replaced old tool results by
+ * a stub, dropped its thinking) is expected to hit only what it kept.
+ *
+ * Statuses as `kvgate_attempt_begin`, and `KVGATE_INVALID_ARGUMENT` for a
+ * NULL `prompt_ids` with a non-zero `prompt_len` or a misaligned one.
+ *
+ * # Safety
+ * As `kvgate_attempt_begin`; `prompt_ids` holds `prompt_len` token ids if
+ * not NULL.
+ */
+kvgate_status kvgate_attempt_begin_with_prompt(struct kvgate_gate *gate,
+                                               const uint8_t *session_id,
+                                               size_t session_id_len,
+                                               const uint32_t *prompt_ids,
+                                               size_t prompt_len,
+                                               int64_t timeout_ms,
+                                               const struct kvgate_waker *waker,
+                                               uint64_t tag,
+                                               struct kvgate_attempt **out_attempt,
+                                               struct kvgate_step *out_step);
 
 /**
  * Answers a `KVGATE_STEP_PROBE_USAGE` step: the engine's KV-cache usage in

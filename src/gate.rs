@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{duration_ns, Config, ConfigError};
-use crate::core::{Attempt, Core, GateStats, LeaseToken, Notify, SessionStats, Slot, Step};
+use crate::core::{
+    Attempt, Core, GateStats, LeaseToken, Notify, PromptSketch, SessionStats, Slot, Step,
+};
 use crate::error::AcquireError;
 use crate::lease::Lease;
 use crate::parker::{Parker, ParkerHandle};
@@ -16,6 +18,15 @@ use crate::probe::Probe;
 use crate::sync::Arc;
 use crate::watch::DeadlineWatch;
 use crate::TurnReport;
+
+/// What an event-loop host says of a turn's prompt.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TurnPrompt<'a> {
+    /// Its length only.
+    Length(usize),
+    /// Its token ids.
+    Tokens(&'a [u32]),
+}
 
 pub(crate) struct Shared {
     core: Core,
@@ -196,6 +207,9 @@ impl Gate {
         // abandons itself: no pending slot is left behind.
         let mut attempt =
             Attempt::begin_with_slot(&shared.core, session, prompt.len(), started, deadline, slot)?;
+        if shared.core.wants_prompt_sketch() {
+            attempt = attempt.with_prompt_sketch(PromptSketch::of(prompt));
+        }
         let mut step = attempt.start(started);
         let outcome = loop {
             // Our own driver answers each step once, in order.
@@ -230,17 +244,27 @@ impl Gate {
     /// Begins an attempt that the caller drives step by step (an event
     /// loop: it answers the probes itself and sleeps by `notifier`), on
     /// this gate's clock; see [`Attempt`]. The gate's probes are not asked.
+    /// The prompt is its length, or its token ids: working-set admission
+    /// then sketches them ([`PromptSketch`]).
     pub(crate) fn begin_attempt(
         &self,
         session: &[u8],
-        prompt_len: usize,
+        prompt: TurnPrompt<'_>,
         timeout: Option<Duration>,
         notifier: Box<dyn Notify>,
     ) -> Result<(Attempt<GateCore>, u64), AcquireError> {
         let now = self.now_ns();
         let deadline = timeout.map(|t| now.saturating_add(duration_ns(t)));
         let core = GateCore(self.shared.clone());
-        Attempt::begin(core, session, prompt_len, now, deadline, notifier).map(|a| (a, now))
+        let (prompt_len, ids) = match prompt {
+            TurnPrompt::Length(n) => (n, None),
+            TurnPrompt::Tokens(ids) => (ids.len(), Some(ids)),
+        };
+        let mut attempt = Attempt::begin(core, session, prompt_len, now, deadline, notifier)?;
+        if let Some(ids) = ids.filter(|_| self.shared.core.wants_prompt_sketch()) {
+            attempt = attempt.with_prompt_sketch(PromptSketch::of(ids));
+        }
+        Ok((attempt, now))
     }
 
     /// The gate's clock, in nanoseconds: the time base of every step's

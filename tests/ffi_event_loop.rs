@@ -670,3 +670,137 @@ fn an_attempt_preempted_while_its_probe_is_out_fails_when_the_answer_comes() {
     drop((old, newer));
     free(g, w);
 }
+
+/// Begins an attempt with the prompt's token ids.
+fn begin_with_prompt(
+    gate: *mut kvgate_gate,
+    session: &str,
+    prompt: &[u32],
+    w: *mut kvgate_waker,
+) -> Driven {
+    let mut attempt = ptr::null_mut();
+    let mut step = MaybeUninit::uninit();
+    // SAFETY: live gate and waker, session and prompt slices, writable outs.
+    let status = unsafe {
+        kvgate_attempt_begin_with_prompt(
+            gate,
+            session.as_ptr(),
+            session.len(),
+            prompt.as_ptr(),
+            prompt.len(),
+            -1,
+            w,
+            0,
+            &mut attempt,
+            step.as_mut_ptr(),
+        )
+    };
+    assert_eq!(status, KVGATE_OK, "{}", last_error());
+    Driven {
+        attempt,
+        // SAFETY: written on KVGATE_OK.
+        step: unsafe { step.assume_init() },
+    }
+}
+
+/// Twenty turns of one session whose agent keeps the first 2,000 tokens of
+/// its prompt and rewrites the 3,000 after (as one that stubs old tool
+/// results); the engine reports the 2,000 kept as cached. Returns the
+/// working set's capacity estimate after, from the stats.
+fn rewriting_session(with_ids: bool) -> u64 {
+    let (g, w) = (gate(false, 5.0), waker());
+    for turn in 0..20u32 {
+        let prompt: Vec<u32> = (0..2_000)
+            .chain((0..3_000).map(|i| 100_000 * (turn + 1) + i))
+            .collect();
+        let mut a = if with_ids {
+            begin_with_prompt(g, "agent", &prompt, w)
+        } else {
+            let mut attempt = ptr::null_mut();
+            let mut step = MaybeUninit::uninit();
+            // SAFETY: live gate and waker, a session slice, writable outs.
+            let status = unsafe {
+                kvgate_attempt_begin(
+                    g,
+                    b"agent".as_ptr(),
+                    5,
+                    prompt.len(),
+                    -1,
+                    w,
+                    0,
+                    &mut attempt,
+                    step.as_mut_ptr(),
+                )
+            };
+            assert_eq!(status, KVGATE_OK, "{}", last_error());
+            // SAFETY: written on KVGATE_OK.
+            Driven {
+                attempt,
+                step: unsafe { step.assume_init() },
+            }
+        };
+        assert_eq!(a.usage(0.1, 100_000), KVGATE_OK);
+        let lease = a.lease();
+        // SAFETY: a live gate.
+        assert_eq!(
+            unsafe { kvgate_release_with_report(g, lease, 2_000, 0) },
+            KVGATE_OK
+        );
+    }
+    let capacity = stats(g).working_set_capacity_tokens;
+    free(g, w);
+    capacity
+}
+
+#[test]
+fn with_the_prompt_ids_a_rewritten_history_is_not_taken_for_a_small_cache() {
+    assert_eq!(rewriting_session(true), 100_000);
+    // Given only lengths, the gate cannot tell: the estimate falls.
+    assert!(rewriting_session(false) < 100_000);
+}
+
+#[test]
+fn a_null_prompt_with_a_length_is_refused_and_an_empty_one_is_not() {
+    let (g, w) = (gate(false, 5.0), waker());
+    let mut step = MaybeUninit::uninit();
+    let mut attempt = ptr::null_mut();
+    // SAFETY: NULL where it is refused before any access; a NULL prompt of
+    // length 0 is allowed.
+    unsafe {
+        let s = b"s";
+        let status = kvgate_attempt_begin_with_prompt(
+            g,
+            s.as_ptr(),
+            1,
+            ptr::null(),
+            3,
+            -1,
+            w,
+            0,
+            &mut attempt,
+            step.as_mut_ptr(),
+        );
+        assert_eq!(status, KVGATE_INVALID_ARGUMENT);
+        assert!(
+            last_error().contains("prompt_ids is NULL"),
+            "{}",
+            last_error()
+        );
+        assert_eq!(stats(g).attempts, 0, "nothing began");
+        let status = kvgate_attempt_begin_with_prompt(
+            g,
+            s.as_ptr(),
+            1,
+            ptr::null(),
+            0,
+            -1,
+            w,
+            0,
+            &mut attempt,
+            step.as_mut_ptr(),
+        );
+        assert_eq!(status, KVGATE_OK, "{}", last_error());
+        kvgate_attempt_free(attempt);
+    }
+    free(g, w);
+}

@@ -341,3 +341,24 @@ fn with_tools_long_next_to_turns_the_waiters_go_in_for_running_cold() {
         assert!(text.contains(line), "missing `{line}` in\n{text}");
     }
 }
+
+#[test]
+fn the_blocking_gate_sketches_prompts_so_a_rewritten_history_is_no_capacity_miss() {
+    // An agent that keeps its first 300 tokens and rewrites the 400 after
+    // each turn (as one that stubs old tool results): the engine hits the
+    // 300 kept. The blocking gate has the ids and sketches them, so the
+    // misses beyond are not taken for a cache too small.
+    let clock = Arc::new(ManualClock::new(0));
+    let gate = Gate::with_clock(Config::default(), SmallEngine, clock.clone()).unwrap();
+    for turn in 0..20u32 {
+        let prompt: Vec<u32> = (0..300)
+            .chain((0..400).map(|i| 10_000 * (turn + 1) + i))
+            .collect();
+        let lease = gate.acquire(b"agent", &prompt).unwrap();
+        clock.advance(Duration::from_millis(10));
+        lease.release_with(TurnReport::new(Some(300), Some(0)));
+        clock.advance(Duration::from_millis(10));
+    }
+    let ws = gate.stats().working_set;
+    assert_eq!(ws.capacity_tokens, engine().tokens);
+}

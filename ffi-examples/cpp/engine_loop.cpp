@@ -522,6 +522,15 @@ void raii_attempt() {
     }
     kvgate_stats st = gate.stats();
     CHECK(st.active_leases == 0 && st.releases == 1);
+    {
+        // The same with the prompt's token ids (what working-set admission sketches).
+        const std::vector<uint32_t> ids(100, 7);
+        kvgate::Attempt a = gate.begin_with_prompt("agent-ids", ids, waker, 3);
+        CHECK(a.kind() == KVGATE_STEP_PROBE_USAGE);
+        a.answer_usage(0.1);
+        CHECK(a.kind() == KVGATE_STEP_ADMITTED && a.step().admission.reason == KVGATE_REASON_OPEN);
+    }
+    CHECK(gate.stats().releases == 2);
     gate.close();
     kvgate::Attempt late = gate.begin("agent-raii", 100, waker, 2);
     CHECK(late.kind() == KVGATE_STEP_FAILED && late.status() == KVGATE_CLOSED);

@@ -480,26 +480,27 @@ public:
     /// Begins an event-loop attempt for a turn with a prompt of
     /// `prompt_len` tokens; `waker` delivers `tag` while it sleeps. A closed
     /// gate gives an Attempt already failed with KVGATE_CLOSED. Throws
-    /// Error only for misuse.
+    /// Error only for misuse. A host that has the prompt's token ids should
+    /// prefer `begin_with_prompt`.
     Attempt begin(std::string_view session, size_t prompt_len, const Waker& waker, uint64_t tag,
                   std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
-        kvgate_attempt* raw = nullptr;
-        kvgate_step step{};
-        int64_t timeout_ms = timeout ? static_cast<int64_t>(timeout->count()) : -1;
-        if (timeout_ms < 0 && timeout) {
-            timeout_ms = 0;
-        }
-        kvgate_status status =
-            kvgate_attempt_begin(state_->get(), detail::bytes(session), session.size(),
-                                 prompt_len, timeout_ms, waker.get(), tag, &raw, &step);
-        if (status == KVGATE_CLOSED) {
-            step = kvgate_step{};
-            step.kind = KVGATE_STEP_FAILED;
-            step.status = KVGATE_CLOSED;
-            return Attempt(state_, nullptr, step, tag);
-        }
-        detail::check(status);
-        return Attempt(state_, raw, step, tag);
+        return begin_attempt(tag, timeout, [&](int64_t timeout_ms, kvgate_attempt** raw, kvgate_step* step) {
+            return kvgate_attempt_begin(state_->get(), detail::bytes(session), session.size(),
+                                        prompt_len, timeout_ms, waker.get(), tag, raw, step);
+        });
+    }
+
+    /// `begin` with the prompt's token ids: working-set admission sketches
+    /// them, to tell an agent that rewrote its history (compacted it,
+    /// stubbed old tool results) from a cache too small for it.
+    Attempt begin_with_prompt(std::string_view session, const std::vector<uint32_t>& prompt,
+                              const Waker& waker, uint64_t tag,
+                              std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
+        return begin_attempt(tag, timeout, [&](int64_t timeout_ms, kvgate_attempt** raw, kvgate_step* step) {
+            return kvgate_attempt_begin_with_prompt(state_->get(), detail::bytes(session), session.size(),
+                                                    prompt.data(), prompt.size(), timeout_ms, waker.get(),
+                                                    tag, raw, step);
+        });
     }
 
     /// The gate's timer: fires what is due, says when to come back. Call it
@@ -561,6 +562,29 @@ public:
     void close() const { detail::check(kvgate_close(state_->get())); }
 
 private:
+    /// The begin calls' shared part: `call` makes the C call with the
+    /// timeout in milliseconds (`< 0` none); a closed gate gives an Attempt
+    /// already failed with KVGATE_CLOSED.
+    template <typename Call>
+    Attempt begin_attempt(uint64_t tag, std::optional<std::chrono::milliseconds> timeout,
+                          Call call) const {
+        kvgate_attempt* raw = nullptr;
+        kvgate_step step{};
+        int64_t timeout_ms = timeout ? static_cast<int64_t>(timeout->count()) : -1;
+        if (timeout_ms < 0 && timeout) {
+            timeout_ms = 0;
+        }
+        kvgate_status status = call(timeout_ms, &raw, &step);
+        if (status == KVGATE_CLOSED) {
+            step = kvgate_step{};
+            step.kind = KVGATE_STEP_FAILED;
+            step.status = KVGATE_CLOSED;
+            return Attempt(state_, nullptr, step, tag);
+        }
+        detail::check(status);
+        return Attempt(state_, raw, step, tag);
+    }
+
     using SessionFn = kvgate_status (*)(kvgate_gate*, const uint8_t*, size_t,
                                         kvgate_session_stats*, size_t);
 

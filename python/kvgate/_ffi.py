@@ -293,6 +293,13 @@ FUNCTIONS = {
         c_status,
         [gate_p, u8_buf, c_size_t, c_size_t, c_int64, waker_p, c_uint64, POINTER(attempt_p), step_p],
     ),
+    "kvgate_attempt_begin_with_prompt": (
+        c_status,
+        [
+            gate_p, u8_buf, c_size_t, POINTER(c_uint32), c_size_t, c_int64, waker_p, c_uint64,
+            POINTER(attempt_p), step_p,
+        ],
+    ),
     "kvgate_attempt_answer_usage": (
         c_status,
         [attempt_p, c_double, c_uint64, c_uint32, c_double, step_p],

@@ -73,3 +73,40 @@ def test_the_gate_timer_admits_a_waiter_when_a_window_ends(engine):
 
     run(main())
     gate.close()
+
+
+def rewriting_agent(gate, acquire, prompt_of) -> int:
+    """Twenty turns of an agent that keeps the first 300 tokens of its
+    prompt and rewrites the 400 after each turn (as one that stubs old tool
+    results); the engine reports the 300 kept as cached. Returns the
+    working set's capacity estimate after."""
+    for turn in range(20):
+        ids = list(range(300)) + [10_000 * (turn + 1) + i for i in range(400)]
+        lease = acquire("agent", prompt_of(ids))
+        lease.release(cached_tokens=300, output_tokens=0)
+    return gate.stats().working_set_capacity_tokens
+
+
+def test_token_ids_let_the_gate_tell_a_rewritten_history_from_a_small_cache(engine):
+    """With the ids (asyncio and blocking drivers alike) the gate sketches
+    the prompts and expects only the kept part to hit; told only the
+    length, it takes the rewrites for evictions and lowers its estimate."""
+    gate = working_set_gate(engine)
+
+    async def asyncio_turns():
+        for turn in range(20):
+            ids = list(range(300)) + [10_000 * (turn + 1) + i for i in range(400)]
+            lease = await gate.acquire("agent", ids)
+            lease.release(cached_tokens=300, output_tokens=0)
+        return gate.stats().working_set_capacity_tokens
+
+    assert run(asyncio_turns()) == 1000
+    gate.close()
+
+    gate = working_set_gate(engine)
+    assert rewriting_agent(gate, gate.acquire_sync, lambda ids: ids) == 1000
+    gate.close()
+
+    gate = working_set_gate(engine)
+    assert rewriting_agent(gate, gate.acquire_sync, len) < 1000
+    gate.close()

@@ -116,7 +116,7 @@ fn new_tokens(s: &Session, k: usize, shared: usize) -> usize {
         _ => {
             let p = &s.turns[k - 1];
             // The previous turn's last sampled token was never computed.
-            p.prompt_len + p.output_len - 1
+            t.reused.min(p.prompt_len + p.output_len - 1)
         }
     };
     // The engine computes at least one token (a hit is capped at len - 1).

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use crate::policy::Policy;
 use crate::scenario::Scenario;
-use crate::simulation::CapacityProbe;
+use crate::simulation::{CapacityProbe, HostPrompt};
 
 /// Parsed options.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +27,8 @@ pub struct Options {
     pub fit_steps: Option<PathBuf>,
     /// Overrides what every scenario's engine tells the capacity probe.
     pub capacity_probe: Option<CapacityProbe>,
+    /// Overrides what every scenario's host tells the gate of a prompt.
+    pub host_prompt: Option<HostPrompt>,
 }
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
@@ -39,12 +41,14 @@ kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and 
 USAGE:
     kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--sweep]
     kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
-    (either form also takes --capacity-probe full|no-rate|usage-only)
+    (either form also takes --capacity-probe full|no-rate|usage-only
+     and --host-prompt tokens|length)
     kvgate-sim --fit-steps STEPS.csv
 
 OPTIONS:
     --scenario S   built-in scenario (thrash, no-pressure, retry-storm, long-tools,
-                   multi-replica), a scenario TOML file, or `all` [default: thrash]
+                   multi-replica, ...: see sim/scenarios/), a scenario TOML file, or
+                   `all` [default: thrash]
     --seed N       workload seed [default: the scenario's]
     --out DIR      output root; files go to DIR/<scenario>/ [default: target/kvgate-sim]
     --policies L   comma-separated policies: names from the scenario, or specs such as
@@ -62,6 +66,11 @@ OPTIONS:
                    what the engines tell the gate's capacity probe: full (KV tokens, block
                    size, best prefill rate), no-rate (KV tokens and block size only), usage-only
                    (nothing: the gate has the usage gauge) [default: the scenario's, full]
+    --host-prompt H
+                   what the hosts tell the gate of each prompt: tokens (its ids, which the
+                   gate sketches to see how far it begins like the session's last) or
+                   length (an event-loop host that passes only its length)
+                   [default: the scenario's, tokens]
     --fit-steps F  fit beta0..beta2 (beta3 with a context_tokens column) to a real engine's
                    step timings (the CSV of real_engine.py --steps-csv) and print them
     -h, --help     this text";
@@ -79,6 +88,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         seeds: None,
         fit_steps: None,
         capacity_probe: None,
+        host_prompt: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -111,6 +121,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             "--capacity-probe" => {
                 o.capacity_probe = Some(CapacityProbe::parse(&value("--capacity-probe")?)?)
             }
+            "--host-prompt" => o.host_prompt = Some(HostPrompt::parse(&value("--host-prompt")?)?),
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
     }
@@ -198,6 +209,9 @@ mod tests {
                 .capacity_probe
         );
         assert!(parse(args("--capacity-probe some")).is_err());
+        let o = parse(args("--host-prompt length")).unwrap().unwrap();
+        assert_eq!(o.host_prompt, Some(HostPrompt::Length));
+        assert!(parse(args("--host-prompt ids")).is_err());
     }
 
     #[test]

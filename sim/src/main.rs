@@ -68,6 +68,9 @@ fn load(o: &Options, name: &str) -> Result<Scenario, String> {
     if let Some(probe) = o.capacity_probe {
         scenario.deployment.capacity_probe = probe;
     }
+    if let Some(prompt) = o.host_prompt {
+        scenario.deployment.host_prompt = prompt;
+    }
     Ok(scenario)
 }
 
@@ -95,6 +98,9 @@ fn run_judge(o: &Options, names: &[String], out_root: &std::path::Path) -> Resul
     );
     if let Some(probe) = o.capacity_probe {
         println!("  every engine answers the capacity probe as {probe:?}");
+    }
+    if let Some(prompt) = o.host_prompt {
+        println!("  every host tells the gate a prompt's {prompt:?}");
     }
     for p in &policies {
         println!("  {:<32} {}", p.name, p.describe());

@@ -7,11 +7,11 @@ use serde::Deserialize;
 
 use crate::engine::{EngineConfig, StepCost};
 use crate::policy::{Policy, PolicyEntry};
-use crate::simulation::{CapacityProbe, Deployment};
+use crate::simulation::{CapacityProbe, Deployment, HostPrompt};
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
-pub const BUILT_IN: [(&str, &str); 16] = [
+pub const BUILT_IN: [(&str, &str); 19] = [
     ("thrash", include_str!("../scenarios/thrash.toml")),
     ("no-pressure", include_str!("../scenarios/no-pressure.toml")),
     ("retry-storm", include_str!("../scenarios/retry-storm.toml")),
@@ -37,6 +37,9 @@ pub const BUILT_IN: [(&str, &str); 16] = [
         "decode-heavy",
         include_str!("../scenarios/decode-heavy.toml"),
     ),
+    ("compacting", include_str!("../scenarios/compacting.toml")),
+    ("elide", include_str!("../scenarios/elide.toml")),
+    ("reasoning", include_str!("../scenarios/reasoning.toml")),
 ];
 
 /// The scenario run when none is named.
@@ -57,6 +60,9 @@ struct File {
     /// What the engine tells the capacity probe: `full`, `no-rate`, `usage-only`.
     #[serde(default)]
     capacity_probe: CapacityProbe,
+    /// What the host tells the gate of each prompt: `tokens` or `length`.
+    #[serde(default)]
+    host_prompt: HostPrompt,
     #[serde(default)]
     engine: EngineFile,
     workload: WorkloadConfig,
@@ -179,6 +185,7 @@ impl Scenario {
                 probe_rtt_ns: secs_to_ns(f.probe_rtt_ms / 1e3),
                 time_limit_ns: secs_to_ns(f.time_limit_s),
                 capacity_probe: f.capacity_probe,
+                host_prompt: f.host_prompt,
             },
             workload: f.workload,
             policies,

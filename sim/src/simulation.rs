@@ -39,6 +39,32 @@ pub struct Deployment {
     pub time_limit_ns: u64,
     /// What the engine tells the gate's capacity probe.
     pub capacity_probe: CapacityProbe,
+    /// What the host tells the gate of each prompt.
+    pub host_prompt: HostPrompt,
+}
+
+/// What a host tells the gate of a turn's prompt: the blocking C API,
+/// Python and Rust hosts pass its token ids (the gate sketches them); an
+/// event-loop host may pass only its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostPrompt {
+    /// The token ids: the gate sees how far each prompt begins like the last.
+    #[default]
+    Tokens,
+    /// The length only.
+    Length,
+}
+
+impl HostPrompt {
+    /// Parses `tokens` or `length`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "tokens" => Ok(Self::Tokens),
+            "length" => Ok(Self::Length),
+            other => Err(format!("host prompt `{other}`: expected tokens or length")),
+        }
+    }
 }
 
 /// What an engine's host can tell the gate about its KV cache: hosts differ
@@ -446,7 +472,7 @@ impl Sim<'_> {
             ProbeKind::Prefix => {
                 let s = &self.workload.sessions[session];
                 let turn = self.sessions[session].turn;
-                r.prefix_hit_ratio(&s.hashes, s.turns[turn].prompt_len)
+                r.prefix_hit_ratio(s.hashes(turn), s.turns[turn].prompt_len)
             }
         };
         let back = self.deployment.probe_rtt_ns - self.deployment.probe_rtt_ns / 2;
@@ -518,13 +544,19 @@ impl Sim<'_> {
             }
             PolicyKind::Kvgate { .. } => {
                 self.route(s);
-                let prompt_len = self.workload.sessions[s].turns[self.sessions[s].turn].prompt_len;
+                let turn = self.sessions[s].turn;
+                let session = &self.workload.sessions[s];
+                let prompt_len = session.turns[turn].prompt_len;
+                let sketch = match self.deployment.host_prompt {
+                    HostPrompt::Tokens => Some(&session.sketches[turn]),
+                    HostPrompt::Length => None,
+                };
                 let replica = self.sessions[s].replica.expect("routed");
                 let action = self
                     .gate
                     .as_mut()
                     .expect("gate")
-                    .begin(s, replica, prompt_len, self.now);
+                    .begin(s, replica, prompt_len, sketch, self.now);
                 self.carry_out(action);
             }
         }
@@ -553,10 +585,11 @@ impl Sim<'_> {
             id,
             session: s,
             turn: st.turn,
-            hashes: session.hashes.clone(),
+            hashes: session.hashes(st.turn).clone(),
             prompt_len: turn.prompt_len,
             max_output: turn.output_len,
             pin_after: !last,
+            reused: turn.reused,
         });
         self.kick(replica);
     }

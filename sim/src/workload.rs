@@ -26,6 +26,7 @@ use rand_distr::{Distribution, Exp, LogNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::hashing::{self, BlockHash};
+use kvgate::core::PromptSketch;
 
 /// Inclusive integer range, drawn uniformly.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -151,6 +152,67 @@ pub struct WorkloadConfig {
     /// More session classes after the one this table describes.
     #[serde(default)]
     pub classes: Vec<ClassConfig>,
+    /// How the agent keeps its history (append-only unless given).
+    #[serde(default)]
+    pub history: HistoryConfig,
+}
+
+/// How a session's agent turns its history into the next prompt
+/// (`[workload.history]`), for every class. Real agent frameworks do not
+/// all append: some compact the history when it grows long (Claude Code's
+/// auto-compact, OpenHands' summarising condenser), some replace old tool
+/// results by a stub (SWE-agent's last-N-observations processor). Either
+/// way a turn's prompt shares with the previous one only the part before
+/// the first rewritten token, and the rest misses the cache by design, not
+/// by eviction.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum HistoryConfig {
+    /// Every prompt is the previous one plus its output and the tool result.
+    #[default]
+    Append,
+    /// Once the history would pass `at_tokens`, the next prompt is the
+    /// system prompt, the task and a fresh `summary_tokens`-token summary;
+    /// it then grows again.
+    Compact {
+        /// History length that triggers a compaction, tokens.
+        at_tokens: usize,
+        /// Tokens of the summary that replaces the history.
+        summary_tokens: usize,
+    },
+    /// Tool results older than the last `keep_last` are replaced by the same
+    /// `stub_tokens`-token stub: each turn rewrites the prompt from the
+    /// result that just fell out of the window.
+    Elide {
+        /// Tool results kept whole, newest first.
+        keep_last: usize,
+        /// Tokens of the stub that replaces an older result.
+        stub_tokens: usize,
+    },
+    /// Each output begins with `thinking_fraction` of thinking that the
+    /// next prompts leave out (as reasoning models' chat templates do):
+    /// every prompt shares with the last request only the last prompt.
+    DropThinking {
+        /// Fraction of each output that is thinking, in [0, 1).
+        thinking_fraction: f64,
+    },
+}
+
+impl HistoryConfig {
+    fn validate(&self) -> Result<(), String> {
+        match *self {
+            Self::Append => Ok(()),
+            Self::Compact { at_tokens: 0, .. } => {
+                Err("workload.history.at_tokens must be > 0".into())
+            }
+            Self::DropThinking { thinking_fraction }
+                if !(0.0..1.0).contains(&thinking_fraction) =>
+            {
+                Err("workload.history.thinking_fraction must be in [0, 1)".into())
+            }
+            Self::Compact { .. } | Self::Elide { .. } | Self::DropThinking { .. } => Ok(()),
+        }
+    }
 }
 
 /// A further class of sessions (`[[workload.classes]]`): its own count,
@@ -333,6 +395,7 @@ impl WorkloadConfig {
         if self.vocab < 2 {
             return Err("workload.vocab must be >= 2".into());
         }
+        self.history.validate()?;
         self.arrival.validate()
     }
 
@@ -422,13 +485,25 @@ pub struct Turn {
     pub tool_ns: u64,
     /// Whether this turn's client retries it if it has not started running in time.
     pub impatient: bool,
+    /// Which of the session's token streams ([`Session::streams`]) this
+    /// turn's prompt and output are a prefix of.
+    pub stream: usize,
+    /// Tokens at the start of this prompt that the session's previous
+    /// request (prompt and output) also began with; for a first turn, the
+    /// shared system prompt. The most a warm cache can give it.
+    pub reused: usize,
 }
 
 /// One agent session.
 #[derive(Debug, Clone)]
 pub struct Session {
-    /// Chained block hashes of the session's whole token stream.
-    pub hashes: Rc<[BlockHash]>,
+    /// Chained block hashes of the session's token streams: one for an
+    /// append-only history, a new one each time the agent rewrites it
+    /// ([`HistoryConfig`]); each turn names its own ([`Turn::stream`]).
+    pub streams: Vec<Rc<[BlockHash]>>,
+    /// Each turn's prompt as a gate sketches it from the token ids a host
+    /// passes ([`PromptSketch`]).
+    pub sketches: Vec<PromptSketch>,
     /// Its turns, in order.
     pub turns: Vec<Turn>,
     /// Index of its class (0: the `[workload]` table itself).
@@ -440,10 +515,18 @@ pub struct Session {
 }
 
 impl Session {
+    /// The block hashes turn `k`'s prompt and output are a prefix of.
+    pub fn hashes(&self, k: usize) -> &Rc<[BlockHash]> {
+        &self.streams[self.turns[k].stream]
+    }
+
     /// Tokens of the longest request (last prompt plus last output).
     pub fn max_request_tokens(&self) -> usize {
-        let last = self.turns.last().expect("at least one turn");
-        last.prompt_len + last.output_len
+        self.turns
+            .iter()
+            .map(|t| t.prompt_len + t.output_len)
+            .max()
+            .expect("at least one turn")
     }
 }
 
@@ -470,6 +553,14 @@ impl Workload {
         let system: Vec<u32> = (0..cfg.system_prompt_tokens)
             .map(|_| sys_rng.random_range(0..cfg.vocab))
             .collect();
+        // Drawn after the system prompt, from its stream: the same for
+        // every session, and no other draw moves.
+        let stub: Vec<u32> = match cfg.history {
+            HistoryConfig::Elide { stub_tokens, .. } => (0..stub_tokens)
+                .map(|_| sys_rng.random_range(0..cfg.vocab))
+                .collect(),
+            _ => Vec::new(),
+        };
         let sessions = cfg
             .shapes()
             .into_iter()
@@ -478,9 +569,11 @@ impl Workload {
             .map(|(i, ((class, shape), (start, wave)))| {
                 let mut rng = ChaCha8Rng::seed_from_u64(seed);
                 rng.set_stream(i as u64 + 1);
-                let (hashes, turns) = session(cfg, &shape, &system, block_size, &mut rng);
+                let (streams, turns, sketches) =
+                    session(cfg, &shape, &system, &stub, block_size, &mut rng);
                 Session {
-                    hashes,
+                    streams,
+                    sketches,
                     turns,
                     class,
                     start,
@@ -529,37 +622,106 @@ fn session(
     cfg: &WorkloadConfig,
     shape: &Shape<'_>,
     system: &[u32],
+    stub: &[u32],
     block_size: usize,
     rng: &mut ChaCha8Rng,
-) -> (Rc<[BlockHash]>, Vec<Turn>) {
+) -> (Vec<Rc<[BlockHash]>>, Vec<Turn>, Vec<PromptSketch>) {
     let num_turns = shape.turns.sample(rng);
     let task = shape.task_tokens.sample(rng);
-    let mut tokens: Vec<u32> = system.to_vec();
-    tokens.extend((0..task).map(|_| rng.random_range(0..cfg.vocab)));
+    let mut base: Vec<u32> = system.to_vec();
+    base.extend((0..task).map(|_| rng.random_range(0..cfg.vocab)));
+    // `tokens` is the current stream: the prompts and outputs of the turns
+    // that extend one another; a rewritten prompt starts the next stream.
+    let mut tokens = base.clone();
+    let mut streams: Vec<Rc<[BlockHash]>> = Vec::new();
+    // Each turn's output and tool result, for prompts rebuilt from parts.
+    let mut parts: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
+    // Length of the previous request (prompt and output) in `tokens`.
+    let mut previous_request = 0;
     let mut turns = Vec::with_capacity(num_turns);
+    let mut sketches = Vec::with_capacity(num_turns);
     for k in 0..num_turns {
+        let rewritten = match cfg.history {
+            HistoryConfig::Append => None,
+            HistoryConfig::Compact {
+                at_tokens,
+                summary_tokens,
+            } => (k > 0 && tokens.len() > at_tokens).then(|| {
+                let mut p = base.clone();
+                p.extend((0..summary_tokens).map(|_| rng.random_range(0..cfg.vocab)));
+                p
+            }),
+            HistoryConfig::Elide { keep_last, .. } => {
+                let mut p = base.clone();
+                for (j, (output, result)) in parts.iter().enumerate() {
+                    p.extend_from_slice(output);
+                    let kept = j + keep_last >= k;
+                    p.extend_from_slice(if kept { result } else { stub });
+                }
+                (!p.starts_with(&tokens)).then_some(p)
+            }
+            HistoryConfig::DropThinking { thinking_fraction } => {
+                let mut p = base.clone();
+                for (output, result) in &parts {
+                    let thinking = (output.len() as f64 * thinking_fraction) as usize;
+                    p.extend_from_slice(&output[thinking..]);
+                    p.extend_from_slice(result);
+                }
+                (!p.starts_with(&tokens)).then_some(p)
+            }
+        };
+        let reused = match rewritten {
+            _ if k == 0 => system.len().min(tokens.len()),
+            None => previous_request,
+            Some(p) => {
+                let shared = common_prefix(&tokens[..previous_request], &p);
+                streams.push(hashing::chain(&tokens, block_size).into());
+                tokens = p;
+                shared
+            }
+        };
         let prompt_len = tokens.len();
+        sketches.push(PromptSketch::of(&tokens));
         let output_len = shape.output_tokens.sample(rng).round().max(1.0) as usize;
-        tokens.extend((0..output_len).map(|_| rng.random_range(0..cfg.vocab)));
+        let output: Vec<u32> = (0..output_len)
+            .map(|_| rng.random_range(0..cfg.vocab))
+            .collect();
+        tokens.extend_from_slice(&output);
+        previous_request = tokens.len();
         let last = k + 1 == num_turns;
-        let (tool_result_len, tool_ns) = if last {
-            (0, 0)
+        let (result, tool_ns) = if last {
+            (Vec::new(), 0)
         } else {
             let r = shape.tool_result_tokens.sample(rng).round() as usize;
             let l = shape.tool_latency_s.sample(rng);
-            tokens.extend((0..r).map(|_| rng.random_range(0..cfg.vocab)));
-            (r, secs_to_ns(l))
+            let result: Vec<u32> = (0..r).map(|_| rng.random_range(0..cfg.vocab)).collect();
+            tokens.extend_from_slice(&result);
+            (result, secs_to_ns(l))
         };
         let impatient = rng.random_bool(shape.retry_probability);
         turns.push(Turn {
             prompt_len,
             output_len,
-            tool_result_len,
+            tool_result_len: result.len(),
             tool_ns,
             impatient,
+            stream: streams.len(),
+            reused,
         });
+        if matches!(
+            cfg.history,
+            HistoryConfig::Elide { .. } | HistoryConfig::DropThinking { .. }
+        ) {
+            parts.push((output, result));
+        }
     }
-    (hashing::chain(&tokens, block_size).into(), turns)
+    streams.push(hashing::chain(&tokens, block_size).into());
+    (streams, turns, sketches)
+}
+
+/// Tokens `a` and `b` begin with alike.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]
@@ -596,6 +758,7 @@ mod tests {
             vocab: 1000,
             arrival: ArrivalConfig::Together,
             classes: Vec::new(),
+            history: HistoryConfig::Append,
         }
     }
 
@@ -606,7 +769,7 @@ mod tests {
         let c = Workload::generate(&cfg(), 16, 8);
         for (x, y) in a.sessions.iter().zip(&b.sessions) {
             assert_eq!(x.turns, y.turns);
-            assert_eq!(x.hashes, y.hashes);
+            assert_eq!(x.streams, y.streams);
         }
         assert_ne!(a.sessions[0].turns, c.sessions[0].turns);
     }
@@ -625,14 +788,15 @@ mod tests {
             }
             let last = s.turns.last().unwrap();
             assert_eq!((last.tool_result_len, last.tool_ns), (0, 0));
-            assert_eq!(s.hashes.len(), s.max_request_tokens() / 16);
+            assert_eq!(s.streams.len(), 1);
+            assert_eq!(s.streams[0].len(), s.max_request_tokens() / 16);
         }
     }
 
     #[test]
     fn sessions_share_exactly_the_system_prompt_blocks() {
         let w = Workload::generate(&cfg(), 16, 5);
-        let (a, b) = (&w.sessions[0].hashes, &w.sessions[1].hashes);
+        let (a, b) = (&w.sessions[0].streams[0], &w.sessions[1].streams[0]);
         assert_eq!(a[..4], b[..4], "64 shared tokens = 4 blocks");
         assert_ne!(a[4], b[4]);
     }
@@ -644,7 +808,7 @@ mod tests {
         let a = Workload::generate(&cfg(), 16, 11);
         let b = Workload::generate(&more, 16, 11);
         assert_eq!(a.sessions[3].turns, b.sessions[3].turns);
-        assert_eq!(a.sessions[3].hashes, b.sessions[3].hashes);
+        assert_eq!(a.sessions[3].streams, b.sessions[3].streams);
     }
 
     #[test]
@@ -720,6 +884,121 @@ mod tests {
             assert_eq!(s.turns.len(), 1);
             assert_eq!(s.turns[0].prompt_len, 64 + 5);
         }
+    }
+
+    #[test]
+    fn an_appended_history_is_one_stream_and_reuses_the_last_request() {
+        let w = Workload::generate(&cfg(), 16, 3);
+        for s in &w.sessions {
+            assert_eq!(s.streams.len(), 1);
+            assert_eq!(s.turns[0].reused, 64, "the system prompt");
+            for pair in s.turns.windows(2) {
+                assert_eq!(pair[1].reused, pair[0].prompt_len + pair[0].output_len);
+                assert_eq!(pair[1].stream, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn a_compacted_history_starts_a_stream_from_the_task_and_a_summary() {
+        let mut c = cfg();
+        c.turns = Uniform { min: 12, max: 12 };
+        c.history = HistoryConfig::Compact {
+            at_tokens: 300,
+            summary_tokens: 40,
+        };
+        let w = Workload::generate(&c, 16, 3);
+        let mut compactions = 0;
+        for s in &w.sessions {
+            let base = s.turns[0].prompt_len;
+            for pair in s.turns.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                assert!(a.prompt_len <= 300 + 1024 + 200, "{a:?}");
+                if b.stream != a.stream {
+                    compactions += 1;
+                    assert_eq!(b.stream, a.stream + 1);
+                    assert_eq!(b.prompt_len, base + 40, "system, task, summary");
+                    assert_eq!(b.reused, base, "it begins like the last up to the task");
+                    assert!(a.prompt_len + a.output_len + a.tool_result_len > 300);
+                } else {
+                    assert_eq!(b.reused, a.prompt_len + a.output_len);
+                }
+            }
+            assert_eq!(
+                s.streams.len(),
+                1 + s
+                    .turns
+                    .iter()
+                    .filter(|t| t.stream > 0)
+                    .map(|t| t.stream)
+                    .max()
+                    .unwrap_or(0)
+            );
+            assert_eq!(s.sketches.len(), s.turns.len());
+        }
+        assert!(compactions > 0);
+    }
+
+    #[test]
+    fn an_elided_history_stubs_all_but_the_last_results() {
+        let mut c = cfg();
+        c.turns = Uniform { min: 8, max: 8 };
+        c.history = HistoryConfig::Elide {
+            keep_last: 2,
+            stub_tokens: 4,
+        };
+        let w = Workload::generate(&c, 16, 3);
+        let append = Workload::generate(&cfg_with_turns(8), 16, 3);
+        for (s, plain) in w.sessions.iter().zip(&append.sessions) {
+            let t = &s.turns;
+            // Up to turn 2 nothing is stubbed yet: the prompts append.
+            assert_eq!(t[2].stream, 0);
+            assert_eq!(t[2].prompt_len, plain.turns[2].prompt_len);
+            // Turn 3 stubs turn 0's result: it rewrites from there.
+            assert_eq!(t[3].stream, 1);
+            assert_eq!(t[3].reused, t[0].prompt_len + t[0].output_len);
+            assert_eq!(
+                t[3].prompt_len,
+                plain.turns[3].prompt_len - plain.turns[0].tool_result_len + 4
+            );
+            // Each later turn stubs one more.
+            for (k, turn) in t.iter().enumerate().skip(4) {
+                assert_eq!(turn.stream, k - 2);
+            }
+        }
+    }
+
+    #[test]
+    fn dropped_thinking_leaves_only_the_last_prompt_to_reuse() {
+        let mut c = cfg();
+        c.history = HistoryConfig::DropThinking {
+            thinking_fraction: 0.5,
+        };
+        let w = Workload::generate(&c, 16, 3);
+        for s in &w.sessions {
+            for pair in s.turns.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                let thinking = a.output_len / 2;
+                assert_eq!(
+                    b.prompt_len,
+                    a.prompt_len + a.output_len - thinking + a.tool_result_len
+                );
+                if thinking > 0 {
+                    assert_eq!(b.reused, a.prompt_len, "{a:?} {b:?}");
+                }
+            }
+        }
+        let mut bad = cfg();
+        bad.history = HistoryConfig::DropThinking {
+            thinking_fraction: 1.0,
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    fn cfg_with_turns(n: usize) -> WorkloadConfig {
+        let mut c = cfg();
+        c.turns = Uniform { min: n, max: n };
+        c
     }
 
     #[test]

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use super::decision::{decide, Decision, Facts, Reason};
 use super::ledger::SessionId;
+use super::prompt::PromptSketch;
 use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
 use super::waiters::{Enqueued, Notify, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
@@ -242,6 +243,16 @@ impl<C: Deref<Target = Core>> Attempt<C> {
         })
     }
 
+    /// Tells the attempt what its prompt looks like, before its first
+    /// step: working-set admission then knows how much of it the session's
+    /// previous prompt began with, and learns the cache's capacity only
+    /// from what should have hit ([`PromptSketch`]). Without it, a turn is
+    /// taken to extend the previous one when it is long enough to.
+    pub fn with_prompt_sketch(mut self, sketch: PromptSketch) -> Self {
+        self.machine.sketch = Some(sketch);
+        self
+    }
+
     /// Gate-unique id of this attempt; ids of one session grow over time.
     pub fn id(&self) -> u64 {
         self.machine.slot.attempt_id
@@ -340,6 +351,8 @@ struct Machine {
     slot: Arc<Slot>,
     key: SessionKey,
     prompt_len: usize,
+    /// What the prompt looks like, if the driver said ([`Attempt::with_prompt_sketch`]).
+    sketch: Option<PromptSketch>,
     started: u64,
     /// The latest time a step was given: what an abandon by drop uses.
     last_seen: u64,
@@ -375,6 +388,7 @@ impl Machine {
             slot,
             key,
             prompt_len,
+            sketch: None,
             started: now,
             last_seen: now,
             deadline,
@@ -501,8 +515,14 @@ impl Machine {
                 self.take_event();
                 let usage = self.facts.usage.and_then(ProbeAnswer::value);
                 let id = SessionId::of(&self.key);
-                let (verdict, membership, grants) =
-                    ledger.request(&id, self.prompt_len, usage, self.capacity, now);
+                let (verdict, membership, grants) = ledger.request(
+                    &id,
+                    self.prompt_len,
+                    self.sketch.as_ref(),
+                    usage,
+                    self.capacity,
+                    now,
+                );
                 (working_set_decision(verdict), membership, grants)
             }
         };

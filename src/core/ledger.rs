@@ -10,6 +10,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc as StdArc;
 
 use super::attempt::Turn;
+use super::prompt::PromptSketch;
 use super::timers::NEVER;
 use super::working_set::{EngineCapacity, TurnReport, Verdict, WorkingSet, WorkingSetStats};
 use crate::sync::{AtomicU64, Mutex, Ordering};
@@ -108,6 +109,7 @@ impl Ledger {
         &self,
         id: &SessionId,
         prompt_len: usize,
+        sketch: Option<&PromptSketch>,
         usage: Option<f64>,
         capacity: Option<EngineCapacity>,
         now: u64,
@@ -119,7 +121,7 @@ impl Ledger {
             if let Some(usage) = usage {
                 set.observe_usage(usage);
             }
-            set.request_in_stay(id, prompt_len as u64, now)
+            set.request_in_stay(id, prompt_len as u64, sketch, now)
         });
         (verdict, membership, grants)
     }

@@ -27,6 +27,7 @@
 mod attempt;
 pub(crate) mod decision;
 mod ledger;
+pub mod prompt;
 pub(crate) mod sessions;
 pub(crate) mod stats;
 pub(crate) mod timers;
@@ -38,6 +39,7 @@ use std::time::Duration;
 
 pub use attempt::{Admission, Attempt, LeaseToken, Step, StepError};
 pub use decision::Reason;
+pub use prompt::PromptSketch;
 pub use stats::{GateStats, ReservationState, SessionStats};
 pub use waiters::Notify;
 
@@ -165,6 +167,13 @@ impl Core {
         notifier: Box<dyn Notify>,
     ) -> Result<Attempt<&Self>, AcquireError> {
         Attempt::begin(self, session, prompt_len, now, deadline, notifier)
+    }
+
+    /// Whether admission learns from the prompts' sketches
+    /// ([`Attempt::with_prompt_sketch`]): working-set admission does, the
+    /// reference table does not (a driver need not build them).
+    pub fn wants_prompt_sketch(&self) -> bool {
+        self.ledger.is_some()
     }
 
     /// Makes `slot` (which nobody else holds) the pending attempt of

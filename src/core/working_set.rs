@@ -56,6 +56,8 @@ use std::hash::Hash;
 
 use slab::Slab;
 
+use super::prompt::PromptSketch;
+
 /// The working set's map of sessions hashes with FxHash (rustc-hash): its
 /// keys come hashed already (the ledger's `SessionId` writes the session
 /// table's keyed hash, one `write_u64`), and SipHash over that again cost
@@ -372,6 +374,8 @@ struct History {
     /// Tokens the turn in flight should hit (it stayed a member since its
     /// last turn); 0 when there is no such expectation.
     expect_hit: u64,
+    /// The sketch of its last prompt, if its driver gave one.
+    last_sketch: Option<PromptSketch>,
     /// Its turn in flight was admitted while the working set was not
     /// holding anyone out ([`WorkingSet::holding_pays`]): it may run cold by
     /// choice, so its duration and its misses say nothing of a hot turn or
@@ -826,21 +830,48 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// at `now`. A session already queued keeps its place (a retry does not
     /// lose it); a grant handed over while it slept is collected here.
     pub fn request(&mut self, key: &K, prompt_len: u64, now: u64) -> Verdict {
-        self.request_in_stay(key, prompt_len, now).0
+        self.request_in_stay(key, prompt_len, None, now).0
     }
 
-    /// [`WorkingSet::request`], and then [`WorkingSet::membership`] (the
-    /// stay the turn belongs to, if it was admitted) from the same lookup
-    /// of `key`: the core asks both on every pass.
-    pub(crate) fn request_in_stay(&mut self, key: &K, prompt_len: u64, now: u64) -> (Verdict, u64) {
+    /// [`WorkingSet::request`] with the prompt's sketch, when the driver
+    /// has the prompt's tokens: a member's turn is then expected to hit
+    /// only what the session's previous prompt began with
+    /// ([`PromptSketch`]).
+    pub fn request_sketched(
+        &mut self,
+        key: &K,
+        prompt_len: u64,
+        sketch: Option<&PromptSketch>,
+        now: u64,
+    ) -> Verdict {
+        self.request_in_stay(key, prompt_len, sketch, now).0
+    }
+
+    /// [`WorkingSet::request_sketched`], and then
+    /// [`WorkingSet::membership`] (the stay the turn belongs to, if it was
+    /// admitted) from the same lookup of `key`: the core asks both on every
+    /// pass.
+    pub(crate) fn request_in_stay(
+        &mut self,
+        key: &K,
+        prompt_len: u64,
+        sketch: Option<&PromptSketch>,
+        now: u64,
+    ) -> (Verdict, u64) {
         self.expire(now);
         let s = self.slot_or_insert(key);
-        let verdict = self.request_at(s, prompt_len, now);
+        let verdict = self.request_at(s, prompt_len, sketch, now);
         (verdict, self.membership_at(Some(s)))
     }
 
     /// [`WorkingSet::request`] of the session at `s`.
-    fn request_at(&mut self, s: Slot, prompt_len: u64, now: u64) -> Verdict {
+    fn request_at(
+        &mut self,
+        s: Slot,
+        prompt_len: u64,
+        sketch: Option<&PromptSketch>,
+        now: u64,
+    ) -> Verdict {
         if let Some(grant) = self.sessions[s].history.grant.take() {
             return grant;
         }
@@ -855,9 +886,15 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.mean_ln_gap = running_mean(self.mean_ln_gap, (gap.max(1_000_000) as f64).ln());
         }
         h.queued_prompt = prompt_len;
+        let expect_hit = expected_hit(h, prompt_len, sketch);
+        if let Some(sketch) = sketch {
+            if h.last_sketch.as_ref() != Some(sketch) {
+                h.last_sketch = Some(sketch.clone());
+            }
+        }
         if self.sessions[s].member.is_some() {
             let h = &mut self.sessions[s].history;
-            h.expect_hit = h.last_prompt + h.last_output;
+            h.expect_hit = expect_hit;
             h.turn_cold = !self.holding;
             self.grow_member(s, prompt_len);
             self.refresh_reserve(s);
@@ -1589,6 +1626,21 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 
 /// A running mean over every session, seeded by its first sample: a slow
 /// drift, not one turn's noise.
+/// What a member's turn with a `prompt_len`-token prompt should hit: the
+/// part of its previous prompt the new one begins with. The previous
+/// output is not counted, because agents built on reasoning models drop
+/// their thinking from the history: only the prompt is surely re-sent. Told
+/// by the sketches when both prompts have one; otherwise the previous prompt
+/// whole, when the new one is long enough to extend it, and nothing (no
+/// lesson) when it is not, as after a compaction.
+fn expected_hit(h: &History, prompt_len: u64, sketch: Option<&PromptSketch>) -> u64 {
+    match (sketch, h.last_sketch.as_ref()) {
+        (Some(new), Some(old)) => old.common_prefix(new).min(h.last_prompt),
+        _ if prompt_len >= h.last_prompt + h.last_output => h.last_prompt,
+        _ => 0,
+    }
+}
+
 fn running_mean(mean: f64, sample: f64) -> f64 {
     if mean == 0.0 {
         sample
@@ -2177,6 +2229,67 @@ mod tests {
             ws.release(&"a", 500, report(499, 0), 100 + i * 2, 101 + i * 2);
         }
         assert!(ws.capacity() > 950.0, "{}", ws.capacity());
+    }
+
+    /// 20 turns of a member whose agent keeps its first 200 tokens and
+    /// rewrites the 300 after each turn (as one that stubs old tool
+    /// results); the engine hits the 200 kept. The sketch goes to the
+    /// working set only if `sketched`. Returns the capacity after.
+    fn rewriting_member(sketched: bool) -> f64 {
+        let mut ws = set();
+        for turn in 0..20u32 {
+            let prompt: Vec<u32> = (0..200)
+                .chain((0..300).map(|i| 10_000 * (turn + 1) + i))
+                .collect();
+            let sketch = PromptSketch::of(&prompt);
+            let t = u64::from(turn) * 2;
+            let verdict = ws.request_sketched(&"a", 500, sketched.then_some(&sketch), t);
+            assert_ne!(verdict, Verdict::Wait);
+            ws.release(&"a", 500, report(200, 0), t, t + 1);
+        }
+        ws.capacity()
+    }
+
+    #[test]
+    fn a_member_that_rewrites_its_history_does_not_lower_the_estimate() {
+        assert_eq!(rewriting_member(true), 1000.0);
+        // Told only lengths, the gate takes the rewrite for an eviction.
+        assert!(rewriting_member(false) < 1000.0);
+    }
+
+    #[test]
+    fn a_member_that_appends_still_teaches_its_misses_with_sketches() {
+        let mut ws = set();
+        let history: Vec<u32> = (0..900).collect();
+        for turn in 0..20u64 {
+            let prompt = &history[..(400 + 20 * turn) as usize];
+            let sketch = PromptSketch::of(prompt);
+            ws.request_sketched(&"a", prompt.len() as u64, Some(&sketch), turn * 2);
+            // Evicted: nothing hits.
+            ws.release(
+                &"a",
+                prompt.len() as u64,
+                report(0, 0),
+                turn * 2,
+                turn * 2 + 1,
+            );
+        }
+        assert!(ws.capacity() < 1000.0, "{}", ws.capacity());
+    }
+
+    #[test]
+    fn a_prompt_shorter_than_the_last_teaches_nothing_without_sketches() {
+        // As after a compaction: a turn that cannot extend the last one is
+        // expected to hit nothing in particular, so its misses teach nothing
+        // (`misses_lower_the_estimate_and_clean_turns_restore_it` is the
+        // same with prompts that could).
+        let mut ws = set();
+        for turn in 0..20u64 {
+            let prompt = 600 - 10 * turn;
+            ws.request(&"a", prompt, turn * 2);
+            ws.release(&"a", prompt, report(0, 0), turn * 2, turn * 2 + 1);
+        }
+        assert_eq!(ws.capacity(), 1000.0);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use super::panic::{ffi_boundary, ffi_status};
 use super::status::{kvgate_reason, kvgate_status};
 use super::waker::{kvgate_wake_fn, TagNotifier, Waker};
 use crate::core::{Attempt, Step, StepError};
-use crate::gate::GateCore;
+use crate::gate::{GateCore, TurnPrompt};
 use crate::sync::{Arc, Mutex};
 use crate::EngineCapacity;
 
@@ -345,6 +345,12 @@ pub unsafe extern "C" fn kvgate_waker_free(waker: *mut kvgate_waker) {
 /// itself, whenever the answer arrives, from any thread. While the attempt
 /// sleeps, `waker` delivers `tag` when it has something to look at.
 ///
+/// A host that has the prompt's token ids should pass them with
+/// `kvgate_attempt_begin_with_prompt`: given only the length, working-set
+/// admission cannot tell an agent that rewrote its history (compacted it,
+/// stubbed old tool results) from a cache that lost it, and may then hold
+/// the working set below what the cache holds.
+///
 /// On `KVGATE_OK`, the caller owns `*out_attempt` and frees it once with
 /// `kvgate_attempt_free` (after its end, or to abandon it). Any step may
 /// come first, `KVGATE_STEP_ADMITTED` and `KVGATE_STEP_FAILED` included.
@@ -372,34 +378,132 @@ pub unsafe extern "C" fn kvgate_attempt_begin(
 ) -> kvgate_status {
     ffi_status("kvgate_attempt_begin", || {
         // SAFETY: pointer contracts forwarded (caller).
-        let (gate_handle, session, waker, out_attempt, out_step) = unsafe {
+        let args = unsafe {
+            BeginArgs::new(
+                gate,
+                session_id,
+                session_id_len,
+                waker,
+                out_attempt,
+                out_step,
+            )?
+        };
+        begin(args, TurnPrompt::Length(prompt_len), timeout_ms, tag)
+    })
+}
+
+/// `kvgate_attempt_begin` with the prompt's token ids instead of its length
+/// (`prompt_len` of them at `prompt_ids`, read during the call only): the
+/// gate keeps a few of them per session (a sketch, not the prompt), to see
+/// how far each turn's prompt begins like the session's last one.
+/// Working-set admission learns the cache's capacity from the members'
+/// turns that miss what they should have hit; with the ids, a turn whose
+/// agent rewrote its history (compacted it, replaced old tool results by
+/// a stub, dropped its thinking) is expected to hit only what it kept.
+///
+/// Statuses as `kvgate_attempt_begin`, and `KVGATE_INVALID_ARGUMENT` for a
+/// NULL `prompt_ids` with a non-zero `prompt_len` or a misaligned one.
+///
+/// # Safety
+/// As `kvgate_attempt_begin`; `prompt_ids` holds `prompt_len` token ids if
+/// not NULL.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // the C signature: one value per argument
+pub unsafe extern "C" fn kvgate_attempt_begin_with_prompt(
+    gate: *mut kvgate_gate,
+    session_id: *const u8,
+    session_id_len: usize,
+    prompt_ids: *const u32,
+    prompt_len: usize,
+    timeout_ms: i64,
+    waker: *const kvgate_waker,
+    tag: u64,
+    out_attempt: *mut *mut kvgate_attempt,
+    out_step: *mut kvgate_step,
+) -> kvgate_status {
+    ffi_status("kvgate_attempt_begin_with_prompt", || {
+        // SAFETY: pointer contracts forwarded (caller).
+        let (args, prompt) = unsafe {
             (
-                handles::gate_clone(gate, "gate")?,
-                handles::session_arg(session_id, session_id_len)?,
-                handles::waker_clone(waker)?,
-                handles::out_arg(out_attempt, "out_attempt")?,
-                handles::out_arg(out_step, "out_step")?,
+                BeginArgs::new(
+                    gate,
+                    session_id,
+                    session_id_len,
+                    waker,
+                    out_attempt,
+                    out_step,
+                )?,
+                handles::slice_arg(prompt_ids, prompt_len, "prompt_ids", "prompt_len")?,
             )
         };
-        let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
-        let notifier = Box::new(TagNotifier { waker, tag });
-        let (mut attempt, now) = gate_handle
-            .gate
-            .begin_attempt(session, prompt_len, timeout, notifier)
-            .map_err(|err| acquire_failure(err, session, timeout_ms))?;
-        let first = attempt
-            .start(now)
-            .expect("a new attempt waits for its start");
-        let handle = AttemptHandle {
-            gate: gate_handle,
-            attempt: Mutex::new(attempt),
-            timeout_ms,
-        };
-        let step = handle.c_step(session, first, now);
-        out_step.write(step);
-        out_attempt.write(handles::attempt_into_raw(Box::new(handle)));
-        Ok(())
+        begin(args, TurnPrompt::Tokens(prompt), timeout_ms, tag)
     })
+}
+
+/// The checked arguments both begin calls share.
+struct BeginArgs<'a> {
+    gate: Arc<GateHandle>,
+    session: &'a [u8],
+    waker: Arc<Waker>,
+    out_attempt: handles::Out<'a, *mut kvgate_attempt>,
+    out_step: handles::Out<'a, kvgate_step>,
+}
+
+impl<'a> BeginArgs<'a> {
+    /// # Safety
+    /// The pointer contracts of `kvgate_attempt_begin`.
+    unsafe fn new(
+        gate: *mut kvgate_gate,
+        session_id: *const u8,
+        session_id_len: usize,
+        waker: *const kvgate_waker,
+        out_attempt: *mut *mut kvgate_attempt,
+        out_step: *mut kvgate_step,
+    ) -> Result<Self, Failure> {
+        // SAFETY: pointer contracts forwarded (caller).
+        unsafe {
+            Ok(Self {
+                gate: handles::gate_clone(gate, "gate")?,
+                session: handles::session_arg(session_id, session_id_len)?,
+                waker: handles::waker_clone(waker)?,
+                out_attempt: handles::out_arg(out_attempt, "out_attempt")?,
+                out_step: handles::out_arg(out_step, "out_step")?,
+            })
+        }
+    }
+}
+
+fn begin(
+    args: BeginArgs<'_>,
+    prompt: TurnPrompt<'_>,
+    timeout_ms: i64,
+    tag: u64,
+) -> Result<(), Failure> {
+    let BeginArgs {
+        gate: gate_handle,
+        session,
+        waker,
+        out_attempt,
+        out_step,
+    } = args;
+    let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
+    let notifier = Box::new(TagNotifier { waker, tag });
+    let (mut attempt, now) = gate_handle
+        .gate
+        .begin_attempt(session, prompt, timeout, notifier)
+        .map_err(|err| acquire_failure(err, session, timeout_ms))?;
+    let first = attempt
+        .start(now)
+        .expect("a new attempt waits for its start");
+    let handle = AttemptHandle {
+        gate: gate_handle,
+        attempt: Mutex::new(attempt),
+        timeout_ms,
+    };
+    let step = handle.c_step(session, first, now);
+    out_step.write(step);
+    out_attempt.write(handles::attempt_into_raw(Box::new(handle)));
+    Ok(())
 }
 
 /// Answers a `KVGATE_STEP_PROBE_USAGE` step: the engine's KV-cache usage in

@@ -71,9 +71,10 @@ pub use error::kvgate_last_error;
 pub use event_loop::waker_is_rung_for_models;
 pub use event_loop::{
     kvgate_attempt_answer_prefix, kvgate_attempt_answer_usage, kvgate_attempt_begin,
-    kvgate_attempt_cancel, kvgate_attempt_free, kvgate_attempt_wake, kvgate_now_ns, kvgate_step,
-    kvgate_step_kind, kvgate_tick, kvgate_waker_drain, kvgate_waker_fd, kvgate_waker_free,
-    kvgate_waker_new, kvgate_waker_new_callback,
+    kvgate_attempt_begin_with_prompt, kvgate_attempt_cancel, kvgate_attempt_free,
+    kvgate_attempt_wake, kvgate_now_ns, kvgate_step, kvgate_step_kind, kvgate_tick,
+    kvgate_waker_drain, kvgate_waker_fd, kvgate_waker_free, kvgate_waker_new,
+    kvgate_waker_new_callback,
 };
 pub use gate::{
     kvgate_acquire, kvgate_admission, kvgate_cancel_session, kvgate_close, kvgate_finish_session,

@@ -52,6 +52,11 @@ pub struct NewRequest {
     pub max_output: usize,
     /// Under `ttl-pin`: pin the blocks when it finishes (false on the last turn).
     pub pin_after: bool,
+    /// Tokens at the start of the prompt that the session's earlier
+    /// requests also began with: computing tokens past this point is new
+    /// work, not re-prefill, even if the session once computed that far (its
+    /// agent rewrote the history there).
+    pub reused: usize,
 }
 
 /// A request scheduled from WAITING for the first time.
@@ -254,6 +259,9 @@ impl Replica {
             "a request generates at least one token"
         );
         let max_tokens = spec.prompt_len + spec.max_output;
+        if let Some(hw) = self.high_water.get_mut(&spec.session) {
+            *hw = (*hw).min(spec.reused);
+        }
         assert!(
             max_tokens.div_ceil(self.cfg.block_size) < self.cfg.num_gpu_blocks,
             "request {id} ({max_tokens} tokens) can never fit the KV cache"
@@ -577,6 +585,7 @@ mod tests {
             prompt_len: prompt,
             max_output: out,
             pin_after: true,
+            reused: usize::MAX,
         }
     }
 

@@ -17,7 +17,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
+use kvgate::core::{Attempt, Core, LeaseToken, Notify, PromptSketch, Step};
 use kvgate::{AcquireError, AdmissionMode, EngineCapacity, GateStats, TurnReport};
 use rustc_hash::FxHashMap;
 
@@ -137,7 +137,14 @@ impl GateDriver {
 
     /// Begins an attempt for `session`'s turn of `prompt_len` tokens. An
     /// older attempt of the session still competing is preempted by the core.
-    pub fn begin(&mut self, session: usize, replica: usize, prompt_len: usize, now: u64) -> Action {
+    pub fn begin(
+        &mut self,
+        session: usize,
+        replica: usize,
+        prompt_len: usize,
+        sketch: Option<&PromptSketch>,
+        now: u64,
+    ) -> Action {
         let core = if self.cores.len() > 1 { replica } else { 0 };
         self.core_of[session] = core;
         self.next_id += 1;
@@ -155,6 +162,9 @@ impl GateDriver {
             notifier,
         )
         .expect("the simulated gate is never closed");
+        if let Some(sketch) = sketch {
+            attempt = attempt.with_prompt_sketch(sketch.clone());
+        }
         let step = attempt.start(now).expect("a new attempt starts");
         self.attempts.insert(
             id,
@@ -346,7 +356,7 @@ mod tests {
     #[test]
     fn open_admission_below_the_watermark() {
         let mut g = driver();
-        let (id, kind) = probe(g.begin(0, 0, 1000, 0));
+        let (id, kind) = probe(g.begin(0, 0, 1000, None, 0));
         assert_eq!(kind, ProbeKind::Usage);
         let Action::Admitted { session, token } = g.on_probe(id, kind, Some(0.2), None, MS) else {
             panic!()
@@ -361,12 +371,12 @@ mod tests {
     fn a_cold_session_sleeps_and_a_release_wakes_it_through_the_list() {
         let mut g = driver();
         // Session 0 holds a lease.
-        let (id, k) = probe(g.begin(0, 0, 10, 0));
+        let (id, k) = probe(g.begin(0, 0, 10, None, 0));
         let Action::Admitted { token, .. } = g.on_probe(id, k, Some(0.1), None, 0) else {
             panic!()
         };
         // Session 1 is cold under pressure: sleeps.
-        let (id1, k) = probe(g.begin(1, 0, 10, MS));
+        let (id1, k) = probe(g.begin(1, 0, 10, None, MS));
         assert_eq!(k, ProbeKind::Usage);
         let (_, k) = probe(g.on_probe(id1, k, Some(0.95), None, 2 * MS));
         assert_eq!(k, ProbeKind::Prefix);
@@ -393,12 +403,12 @@ mod tests {
     #[test]
     fn a_retry_preempts_the_waiting_attempt() {
         let mut g = driver();
-        let (id, k) = probe(g.begin(2, 0, 10, 0));
+        let (id, k) = probe(g.begin(2, 0, 10, None, 0));
         let (_, k) = probe(g.on_probe(id, k, Some(0.9), None, MS));
         let Action::Timer { .. } = g.on_probe(id, k, Some(0.0), None, 2 * MS) else {
             panic!()
         };
-        let newer = g.begin(2, 0, 10, 10 * MS);
+        let newer = g.begin(2, 0, 10, None, 10 * MS);
         assert!(matches!(newer, Action::Probe { .. }));
         let mut out = Vec::new();
         g.drain_woken(10 * MS, &mut out);
