@@ -11,7 +11,7 @@ use crate::simulation::{CapacityProbe, Deployment, HostPrompt};
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
-pub const BUILT_IN: [(&str, &str); 19] = [
+pub const BUILT_IN: [(&str, &str); 20] = [
     ("thrash", include_str!("../scenarios/thrash.toml")),
     ("no-pressure", include_str!("../scenarios/no-pressure.toml")),
     ("retry-storm", include_str!("../scenarios/retry-storm.toml")),
@@ -40,6 +40,7 @@ pub const BUILT_IN: [(&str, &str); 19] = [
     ("compacting", include_str!("../scenarios/compacting.toml")),
     ("elide", include_str!("../scenarios/elide.toml")),
     ("reasoning", include_str!("../scenarios/reasoning.toml")),
+    ("single-turn", include_str!("../scenarios/single-turn.toml")),
 ];
 
 /// The scenario run when none is named.
