@@ -116,8 +116,31 @@ impl ThreadWaker {
     }
 }
 
+/// This thread's last prompt sketch, refilled for its next attempt
+/// (working-set admission sketches every prompt; kept apart from the
+/// parker and slot so that reference mode never touches it).
+fn spare_sketch() -> PromptSketch {
+    SPARE_SKETCH
+        .try_with(Cell::take)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+fn keep_sketch(attempt: &mut Attempt<&Core>) {
+    if let Some(sketch) = attempt.take_prompt_sketch() {
+        if crate::sync::KEEP_PER_THREAD_SPARES {
+            let _ = SPARE_SKETCH.try_with(|spare| spare.set(Some(sketch)));
+        }
+    }
+}
+
 crate::sync::thread_local_cell! {
     static SPARE: Cell<Option<ThreadWaker>> = Cell::new(None);
+}
+
+crate::sync::thread_local_cell! {
+    static SPARE_SKETCH: Cell<Option<PromptSketch>> = Cell::new(None);
 }
 
 impl Gate {
@@ -208,7 +231,9 @@ impl Gate {
         let mut attempt =
             Attempt::begin_with_slot(&shared.core, session, prompt.len(), started, deadline, slot)?;
         if shared.core.wants_prompt_sketch() {
-            attempt = attempt.with_prompt_sketch(PromptSketch::of(prompt));
+            let mut sketch = spare_sketch();
+            sketch.refill(prompt);
+            attempt.set_prompt_sketch(sketch);
         }
         let mut step = attempt.start(started);
         let outcome = loop {
@@ -237,6 +262,7 @@ impl Gate {
             };
             step = next;
         };
+        keep_sketch(&mut attempt);
         ThreadWaker::give_back(parker, attempt);
         outcome
     }
@@ -262,7 +288,7 @@ impl Gate {
         };
         let mut attempt = Attempt::begin(core, session, prompt_len, now, deadline, notifier)?;
         if let Some(ids) = ids.filter(|_| self.shared.core.wants_prompt_sketch()) {
-            attempt = attempt.with_prompt_sketch(PromptSketch::of(ids));
+            attempt.set_prompt_sketch(PromptSketch::of(ids));
         }
         Ok((attempt, now))
     }

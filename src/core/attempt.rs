@@ -248,9 +248,14 @@ impl<C: Deref<Target = Core>> Attempt<C> {
     /// previous prompt began with, and learns the cache's capacity only
     /// from what should have hit ([`PromptSketch`]). Without it, a turn is
     /// taken to extend the previous one when it is long enough to.
-    pub fn with_prompt_sketch(mut self, sketch: PromptSketch) -> Self {
+    pub fn set_prompt_sketch(&mut self, sketch: PromptSketch) {
         self.machine.sketch = Some(sketch);
-        self
+    }
+
+    /// Takes back the sketch given with [`Attempt::set_prompt_sketch`], for
+    /// the driver to refill for its next attempt.
+    pub(crate) fn take_prompt_sketch(&mut self) -> Option<PromptSketch> {
+        self.machine.sketch.take()
     }
 
     /// Gate-unique id of this attempt; ids of one session grow over time.
@@ -351,7 +356,7 @@ struct Machine {
     slot: Arc<Slot>,
     key: SessionKey,
     prompt_len: usize,
-    /// What the prompt looks like, if the driver said ([`Attempt::with_prompt_sketch`]).
+    /// What the prompt looks like, if the driver said ([`Attempt::set_prompt_sketch`]).
     sketch: Option<PromptSketch>,
     started: u64,
     /// The latest time a step was given: what an abandon by drop uses.

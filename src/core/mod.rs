@@ -170,7 +170,7 @@ impl Core {
     }
 
     /// Whether admission learns from the prompts' sketches
-    /// ([`Attempt::with_prompt_sketch`]): working-set admission does, the
+    /// ([`Attempt::set_prompt_sketch`]): working-set admission does, the
     /// reference table does not (a driver need not build them).
     pub fn wants_prompt_sketch(&self) -> bool {
         self.ledger.is_some()

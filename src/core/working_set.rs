@@ -913,8 +913,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         }
         let expect_hit = expected_hit(h, prompt_len, sketch);
         if let Some(sketch) = sketch {
-            if h.last_sketch.as_ref() != Some(sketch) {
-                h.last_sketch = Some(sketch.clone());
+            // In place: no allocation once the session's prompts stop
+            // outgrowing the memory kept.
+            match &mut h.last_sketch {
+                Some(kept) => kept.clone_from(sketch),
+                None => h.last_sketch = Some(sketch.clone()),
             }
         }
         if is_member {

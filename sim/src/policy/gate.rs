@@ -163,7 +163,7 @@ impl GateDriver {
         )
         .expect("the simulated gate is never closed");
         if let Some(sketch) = sketch {
-            attempt = attempt.with_prompt_sketch(sketch.clone());
+            attempt.set_prompt_sketch(sketch.clone());
         }
         let step = attempt.start(now).expect("a new attempt starts");
         self.attempts.insert(
