@@ -114,21 +114,46 @@ fn begin(
     w: *mut kvgate_waker,
     tag: u64,
 ) -> Driven {
+    begin_turn(gate, session, Prompt::Length(100), timeout_ms, w, tag)
+}
+
+/// What a test tells `kvgate_attempt_begin*` of the prompt.
+enum Prompt<'a> {
+    Length(usize),
+    Ids(&'a [u32]),
+}
+
+fn begin_turn(
+    gate: *mut kvgate_gate,
+    session: &str,
+    prompt: Prompt<'_>,
+    timeout_ms: i64,
+    w: *mut kvgate_waker,
+    tag: u64,
+) -> Driven {
     let mut attempt = ptr::null_mut();
     let mut step = MaybeUninit::uninit();
-    // SAFETY: live gate and waker, a session slice, writable outs.
+    let (s, n) = (session.as_ptr(), session.len());
+    let (a, out) = (&mut attempt, step.as_mut_ptr());
+    // SAFETY: live gate and waker, session and prompt slices, writable outs.
     let status = unsafe {
-        kvgate_attempt_begin(
-            gate,
-            session.as_ptr(),
-            session.len(),
-            100,
-            timeout_ms,
-            w,
-            tag,
-            &mut attempt,
-            step.as_mut_ptr(),
-        )
+        match prompt {
+            Prompt::Length(len) => {
+                kvgate_attempt_begin(gate, s, n, len, timeout_ms, w, tag, a, out)
+            }
+            Prompt::Ids(ids) => kvgate_attempt_begin_with_prompt(
+                gate,
+                s,
+                n,
+                ids.as_ptr(),
+                ids.len(),
+                timeout_ms,
+                w,
+                tag,
+                a,
+                out,
+            ),
+        }
     };
     assert_eq!(status, KVGATE_OK, "{}", last_error());
     Driven {
@@ -671,38 +696,6 @@ fn an_attempt_preempted_while_its_probe_is_out_fails_when_the_answer_comes() {
     free(g, w);
 }
 
-/// Begins an attempt with the prompt's token ids.
-fn begin_with_prompt(
-    gate: *mut kvgate_gate,
-    session: &str,
-    prompt: &[u32],
-    w: *mut kvgate_waker,
-) -> Driven {
-    let mut attempt = ptr::null_mut();
-    let mut step = MaybeUninit::uninit();
-    // SAFETY: live gate and waker, session and prompt slices, writable outs.
-    let status = unsafe {
-        kvgate_attempt_begin_with_prompt(
-            gate,
-            session.as_ptr(),
-            session.len(),
-            prompt.as_ptr(),
-            prompt.len(),
-            -1,
-            w,
-            0,
-            &mut attempt,
-            step.as_mut_ptr(),
-        )
-    };
-    assert_eq!(status, KVGATE_OK, "{}", last_error());
-    Driven {
-        attempt,
-        // SAFETY: written on KVGATE_OK.
-        step: unsafe { step.assume_init() },
-    }
-}
-
 /// Twenty turns of one session whose agent keeps the first 2,000 tokens of
 /// its prompt and rewrites the 3,000 after (as one that stubs old tool
 /// results); the engine reports the 2,000 kept as cached. Returns the
@@ -713,32 +706,12 @@ fn rewriting_session(with_ids: bool) -> u64 {
         let prompt: Vec<u32> = (0..2_000)
             .chain((0..3_000).map(|i| 100_000 * (turn + 1) + i))
             .collect();
-        let mut a = if with_ids {
-            begin_with_prompt(g, "agent", &prompt, w)
+        let told = if with_ids {
+            Prompt::Ids(&prompt)
         } else {
-            let mut attempt = ptr::null_mut();
-            let mut step = MaybeUninit::uninit();
-            // SAFETY: live gate and waker, a session slice, writable outs.
-            let status = unsafe {
-                kvgate_attempt_begin(
-                    g,
-                    b"agent".as_ptr(),
-                    5,
-                    prompt.len(),
-                    -1,
-                    w,
-                    0,
-                    &mut attempt,
-                    step.as_mut_ptr(),
-                )
-            };
-            assert_eq!(status, KVGATE_OK, "{}", last_error());
-            // SAFETY: written on KVGATE_OK.
-            Driven {
-                attempt,
-                step: unsafe { step.assume_init() },
-            }
+            Prompt::Length(prompt.len())
         };
+        let mut a = begin_turn(g, "agent", told, -1, w, 0);
         assert_eq!(a.usage(0.1, 100_000), KVGATE_OK);
         let lease = a.lease();
         // SAFETY: a live gate.

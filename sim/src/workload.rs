@@ -652,22 +652,15 @@ fn session(
                 p
             }),
             HistoryConfig::Elide { keep_last, .. } => {
-                let mut p = base.clone();
-                for (j, (output, result)) in parts.iter().enumerate() {
-                    p.extend_from_slice(output);
-                    let kept = j + keep_last >= k;
-                    p.extend_from_slice(if kept { result } else { stub });
-                }
-                (!p.starts_with(&tokens)).then_some(p)
+                rebuilt(&base, &parts, &tokens, |j, output, result| {
+                    (output, if j + keep_last >= k { result } else { stub })
+                })
             }
             HistoryConfig::DropThinking { thinking_fraction } => {
-                let mut p = base.clone();
-                for (output, result) in &parts {
+                rebuilt(&base, &parts, &tokens, |_, output, result| {
                     let thinking = (output.len() as f64 * thinking_fraction) as usize;
-                    p.extend_from_slice(&output[thinking..]);
-                    p.extend_from_slice(result);
-                }
-                (!p.starts_with(&tokens)).then_some(p)
+                    (&output[thinking..], result)
+                })
             }
         };
         let reused = match rewritten {
@@ -717,6 +710,24 @@ fn session(
     }
     streams.push(hashing::chain(&tokens, block_size).into());
     (streams, turns, sketches)
+}
+
+/// The prompt rebuilt from the base and each earlier turn's output and
+/// tool result as `keep(turn, output, result)` keeps them, or `None` when it
+/// only extends the current stream `tokens`.
+fn rebuilt<'a>(
+    base: &[u32],
+    parts: &'a [(Vec<u32>, Vec<u32>)],
+    tokens: &[u32],
+    keep: impl Fn(usize, &'a [u32], &'a [u32]) -> (&'a [u32], &'a [u32]),
+) -> Option<Vec<u32>> {
+    let mut p = base.to_vec();
+    for (j, (output, result)) in parts.iter().enumerate() {
+        let (output, result) = keep(j, output, result);
+        p.extend_from_slice(output);
+        p.extend_from_slice(result);
+    }
+    (!p.starts_with(tokens)).then_some(p)
 }
 
 /// Tokens `a` and `b` begin with alike.
