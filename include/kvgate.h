@@ -230,7 +230,9 @@ enum kvgate_step_kind
     KVGATE_STEP_PROBE_PREFIX = 1,
     /**
      * Wait until the attempt's waker delivers its tag or `sleep_ns` pass,
-     * whichever comes first, then call `kvgate_attempt_wake`.
+     * whichever comes first, then call `kvgate_attempt_wake`. In
+     * working-set mode a woken attempt decides without asking the engine
+     * again: the step after a wake is admitted, asleep or failed.
      */
     KVGATE_STEP_SLEEP = 2,
     /**

@@ -602,8 +602,13 @@ impl Harness {
                 self.settle(i, step, true)
             }
             Phase::Asleep => {
+                // A working-set waiter decides again on waking, without a
+                // usage probe: a sleep it ends in may be a fresh "wait", and
+                // the purge its pass begins with may have handed others
+                // room (their wake-ups are observed before the order check).
                 let step = self.live[i].attempt.on_wake(now).unwrap();
-                self.settle(i, step, false)
+                self.observe_wakes();
+                self.settle(i, step, true)
             }
         }
     }

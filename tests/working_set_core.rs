@@ -84,13 +84,9 @@ fn sessions_join_while_they_fit_and_the_next_is_handed_over_when_one_finishes() 
     // so c is handed the room, woken, and admitted on its next pass.
     core.finish_session(b"a", SEC / 5);
     assert!(c.wakes.load(Ordering::SeqCst) > 0);
-    let step = c.attempt.on_wake(SEC / 5).unwrap();
-    assert!(matches!(step, Step::ProbeUsage));
-    let lease = admitted(
-        c.attempt
-            .on_cache_state(Some(0.1), Some(engine()), SEC / 5)
-            .unwrap(),
-    );
+    // Handed room while it slept, it is admitted on waking without asking
+    // the engine again.
+    let lease = admitted(c.attempt.on_wake(SEC / 5).unwrap());
     assert_eq!(lease.admission().reason, Reason::FitsWorkingSet);
     assert!(lease.admission().waited);
     let stats = core.stats(SEC / 5);
@@ -122,15 +118,7 @@ fn a_member_comes_back_within_its_window_and_the_window_end_is_a_core_deadline()
     assert_eq!(core.next_deadline(), Some(3 * SEC));
     core.purge(3 * SEC);
     assert!(c.wakes.load(Ordering::SeqCst) > 0);
-    assert!(matches!(
-        c.attempt.on_wake(3 * SEC).unwrap(),
-        Step::ProbeUsage
-    ));
-    let lease = admitted(
-        c.attempt
-            .on_cache_state(Some(0.1), Some(engine()), 3 * SEC)
-            .unwrap(),
-    );
+    let lease = admitted(c.attempt.on_wake(3 * SEC).unwrap());
     assert_eq!(lease.admission().reason, Reason::FitsWorkingSet);
     core.release(lease, 4 * SEC);
     core.release(a, 4 * SEC);
@@ -153,12 +141,7 @@ fn a_grant_its_attempt_never_collects_is_passed_on() {
     ));
     // Its grant went to c.
     assert!(c.wakes.load(Ordering::SeqCst) > 0);
-    assert!(matches!(c.attempt.on_wake(SEC).unwrap(), Step::ProbeUsage));
-    let lease = admitted(
-        c.attempt
-            .on_cache_state(Some(0.1), Some(engine()), SEC)
-            .unwrap(),
-    );
+    let lease = admitted(c.attempt.on_wake(SEC).unwrap());
     assert_eq!(lease.admission().reason, Reason::EmptyWorkingSet);
     assert_eq!(core.stats(SEC).cancelled, 1);
     core.release(lease, 2 * SEC);
@@ -185,12 +168,7 @@ fn a_retry_keeps_its_place_in_line() {
         c.attempt.on_wake(SEC).unwrap(),
         Step::Sleep { .. }
     ));
-    assert!(matches!(b2.attempt.on_wake(SEC).unwrap(), Step::ProbeUsage));
-    let lease = admitted(
-        b2.attempt
-            .on_cache_state(Some(0.1), Some(engine()), SEC)
-            .unwrap(),
-    );
+    let lease = admitted(b2.attempt.on_wake(SEC).unwrap());
     core.release(lease, 2 * SEC);
 }
 
@@ -254,8 +232,8 @@ fn the_blocking_gate_waits_for_room_and_is_handed_it() {
     assert_eq!(waiter.join().unwrap(), Ok(Reason::EmptyWorkingSet));
     assert_eq!(
         gate.stats().usage_probe_calls,
-        3,
-        "one per pass: a, b asleep, b handed over"
+        2,
+        "one per attempt: a, and b before it slept (handed room, b asks the ledger only)"
     );
 }
 

@@ -110,3 +110,24 @@ def test_token_ids_let_the_gate_tell_a_rewritten_history_from_a_small_cache(engi
     gate = working_set_gate(engine)
     assert rewriting_agent(gate, gate.acquire_sync, len) < 1000
     gate.close()
+
+
+def test_a_waiter_handed_room_is_admitted_without_asking_the_engine_again(engine):
+    """The ledger holds a waiter's place and the room handed to it while it
+    slept: woken, it asks the ledger only (one probe per waited admission)."""
+    gate = working_set_gate(engine)
+
+    async def main():
+        member = await gate.acquire("a", 600)
+        waiter = asyncio.create_task(gate.acquire("b", 600))
+        await until("b waits for room", lambda: gate.stats().working_set_waiting_sessions == 1)
+        calls = engine.usage_calls
+        member.release(cached_tokens=0, output_tokens=10)
+        assert gate.finish_session("a") is not None
+        lease = await asyncio.wait_for(waiter, 5)
+        assert lease.waited
+        assert engine.usage_calls == calls, "the woken waiter asked the ledger only"
+        lease.release()
+
+    run(main())
+    gate.close()

@@ -425,13 +425,13 @@ impl Machine {
     fn on_usage(&mut self, core: &Core, raw: Option<f64>, now: u64) -> Step {
         let answer = ProbeAnswer::from_raw(raw);
         self.facts.usage = Some(answer);
-        self.decide(core, now, Probed::Usage(answer))
+        self.decide(core, now, Some(Probed::Usage(answer)))
     }
 
     fn on_prefix(&mut self, core: &Core, raw: Option<f64>, now: u64) -> Step {
         let answer = ProbeAnswer::from_raw(raw);
         self.facts.prefix = Some(answer);
-        self.decide(core, now, Probed::Prefix(answer))
+        self.decide(core, now, Some(Probed::Prefix(answer)))
     }
 
     /// Takes a capacity event handed to this attempt, if any.
@@ -479,17 +479,31 @@ impl Machine {
         self.facts = NO_FACTS;
         self.poll_deadline = None;
         self.pass_epoch = core.epoch();
+        if self.waited && core.ledger().is_some() {
+            // A working-set waiter asks the ledger again without asking the
+            // engine: its place and any grant handed over while it slept are
+            // the ledger's, and the members' own passes keep the engine's
+            // figures fresh. Each probe is an RPC the engine answers between
+            // steps, so a waiter handed room is admitted a step sooner, and
+            // a waited admission costs one probe, not one per wake-up
+            // (measured on `single-turn`: 4.3 probes per admission before).
+            self.capacity = None;
+            self.phase = Phase::AwaitUsage;
+            return self.decide(core, now, None);
+        }
         self.phase = Phase::AwaitUsage;
         Step::ProbeUsage
     }
 
     /// Runs the table under the session's lock; an admission is granted
     /// under the same lock, so a sealed fate and an admission never meet.
-    fn decide(&mut self, core: &Core, now: u64, probed: Probed) -> Step {
+    fn decide(&mut self, core: &Core, now: u64, probed: Option<Probed>) -> Step {
         let (index, shard) = core.shard_of(&self.key);
         let mut guard = shard.lock();
         // Counted under the lock, like every other counter of the shard.
-        shard.counters.count_probe(probed);
+        if let Some(probed) = probed {
+            shard.counters.count_probe(probed);
+        }
         // Checked under the lock that admission takes: a newer attempt or a
         // cancel sealed our fate before, or sees us admitted after.
         if let Some(err) = self.fate(core) {

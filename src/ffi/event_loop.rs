@@ -46,7 +46,9 @@ pub enum kvgate_step_kind {
     /// cache, then call `kvgate_attempt_answer_prefix` (reference mode only).
     KVGATE_STEP_PROBE_PREFIX = 1,
     /// Wait until the attempt's waker delivers its tag or `sleep_ns` pass,
-    /// whichever comes first, then call `kvgate_attempt_wake`.
+    /// whichever comes first, then call `kvgate_attempt_wake`. In
+    /// working-set mode a woken attempt decides without asking the engine
+    /// again: the step after a wake is admitted, asleep or failed.
     KVGATE_STEP_SLEEP = 2,
     /// Admitted: `admission` holds the lease, to `kvgate_release` (or
     /// `kvgate_release_with_report`) once the engine is done with the turn.
