@@ -28,6 +28,15 @@ pub(crate) enum TurnPrompt<'a> {
     Tokens(&'a [u32]),
 }
 
+impl TurnPrompt<'_> {
+    fn len(self) -> usize {
+        match self {
+            Self::Length(n) => n,
+            Self::Tokens(ids) => ids.len(),
+        }
+    }
+}
+
 pub(crate) struct Shared {
     core: Core,
     watch: DeadlineWatch,
@@ -282,13 +291,11 @@ impl Gate {
         let now = self.now_ns();
         let deadline = timeout.map(|t| now.saturating_add(duration_ns(t)));
         let core = GateCore(self.shared.clone());
-        let (prompt_len, ids) = match prompt {
-            TurnPrompt::Length(n) => (n, None),
-            TurnPrompt::Tokens(ids) => (ids.len(), Some(ids)),
-        };
-        let mut attempt = Attempt::begin(core, session, prompt_len, now, deadline, notifier)?;
-        if let Some(ids) = ids.filter(|_| self.shared.core.wants_prompt_sketch()) {
-            attempt.set_prompt_sketch(PromptSketch::of(ids));
+        let mut attempt = Attempt::begin(core, session, prompt.len(), now, deadline, notifier)?;
+        if let TurnPrompt::Tokens(ids) = prompt {
+            if self.shared.core.wants_prompt_sketch() {
+                attempt.set_prompt_sketch(PromptSketch::of(ids));
+            }
         }
         Ok((attempt, now))
     }

@@ -479,6 +479,7 @@ impl Machine {
         self.facts = NO_FACTS;
         self.poll_deadline = None;
         self.pass_epoch = core.epoch();
+        self.phase = Phase::AwaitUsage;
         if self.waited && core.ledger().is_some() {
             // A working-set waiter asks the ledger again without asking the
             // engine: its place and any grant handed over while it slept are
@@ -488,10 +489,8 @@ impl Machine {
             // a waited admission costs one probe, not one per wake-up
             // (measured on `single-turn`: 4.3 probes per admission before).
             self.capacity = None;
-            self.phase = Phase::AwaitUsage;
             return self.decide(core, now, None);
         }
-        self.phase = Phase::AwaitUsage;
         Step::ProbeUsage
     }
 

@@ -24,6 +24,8 @@
 
 /// Samples below this position are at `2^k - 1`; from it on, every `STRIDE`.
 const STRIDE: usize = 512;
+/// How many samples sit below `STRIDE`: positions 0, 1, 3, ..., `STRIDE - 1`.
+const DENSE: usize = STRIDE.trailing_zeros() as usize + 1;
 
 /// A prompt's length and its tokens at fixed positions (see the module).
 /// The working set keeps the sketch of each session's last prompt with
@@ -51,7 +53,6 @@ impl Clone for PromptSketch {
 
 /// The `i`-th sample position.
 fn position(i: usize) -> usize {
-    const DENSE: usize = STRIDE.trailing_zeros() as usize + 1;
     if i < DENSE {
         (1 << i) - 1
     } else {
@@ -62,7 +63,6 @@ fn position(i: usize) -> usize {
 /// How many sample positions a `len`-token prompt has (a position `p`
 /// needs `p + 1 < len`: it samples a pair).
 fn sample_count(len: usize) -> usize {
-    const DENSE: usize = STRIDE.trailing_zeros() as usize + 1;
     if len < 2 {
         return 0;
     }

@@ -896,8 +896,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return grant;
         }
         self.learn_growth(s, prompt_len);
-        let expected_first_hit = self.expected_first_hit();
         let is_member = self.sessions[s].member.is_some();
+        // A first turn not yet in the working set is counted without the
+        // prefix first turns have shared, until its own report says.
+        let first_turn_credit =
+            (!is_member && self.sessions[s].history.turns == 0).then(|| self.expected_first_hit());
         let h = &mut self.sessions[s].history;
         if h.turns > 0 && h.gap_open {
             h.gap_open = false;
@@ -908,10 +911,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.mean_ln_gap = running_mean(self.mean_ln_gap, (gap.max(1_000_000) as f64).ln());
         }
         h.queued_prompt = prompt_len;
-        if h.turns == 0 && !is_member {
-            h.shared_credit = expected_first_hit;
+        if let Some(credit) = first_turn_credit {
+            h.shared_credit = credit;
         }
-        let expect_hit = expected_hit(h, prompt_len, sketch);
+        // Only a member's turn has an expectation (and only it is compared
+        // with the last sketch): read before the sketch is replaced.
+        if is_member {
+            h.expect_hit = expected_hit(h, prompt_len, sketch);
+        }
         if let Some(sketch) = sketch {
             // In place: no allocation once the session's prompts stop
             // outgrowing the memory kept.
@@ -921,9 +928,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             }
         }
         if is_member {
-            let h = &mut self.sessions[s].history;
-            h.expect_hit = expect_hit;
-            h.turn_cold = !self.holding;
+            self.sessions[s].history.turn_cold = !self.holding;
             self.grow_member(s, prompt_len);
             self.refresh_reserve(s);
             self.shrink_to_fit(now, Some(s));
