@@ -676,6 +676,12 @@ typedef struct kvgate_stats {
      * reference mode.
      */
     uint64_t working_set_holding;
+    /**
+     * Gauge: the longest time, start to end, of one attempt counted in
+     * `waits` (granted or not), since the gate was created, seconds. An
+     * attempt still waiting counts once it ends.
+     */
+    double longest_wait_sec;
 } kvgate_stats;
 
 /**

@@ -510,6 +510,11 @@ fn lease_release_wakes_a_waiter_long_before_the_poll() {
     assert!(ss.wait_time > Duration::ZERO);
     let s = gate.stats();
     assert_eq!((s.waits, s.waiting_attempts, s.pending_attempts), (1, 0, 0));
+    assert_eq!(s.longest_wait, a.wait, "the only wait is the longest");
+    assert!(gate.stats().to_prometheus().contains(&format!(
+        "kvgate_longest_wait_seconds {}",
+        a.wait.as_secs_f64()
+    )));
 }
 
 #[test]

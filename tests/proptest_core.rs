@@ -572,6 +572,7 @@ impl Model {
             rec.c.wait_ns += wait_ns;
             self.stats.waits += 1;
             self.stats.wait_time += Duration::from_nanos(wait_ns);
+            self.stats.longest_wait = self.stats.longest_wait.max(Duration::from_nanos(wait_ns));
         }
         self.stats.admissions_by_reason[reason as usize] += 1;
         self.stats.active_leases += 1;
@@ -673,6 +674,7 @@ impl Model {
         if let Some(wait_ns) = wait_ns {
             self.stats.waits += 1;
             self.stats.wait_time += Duration::from_nanos(wait_ns);
+            self.stats.longest_wait = self.stats.longest_wait.max(Duration::from_nanos(wait_ns));
         }
         let own = self
             .sessions

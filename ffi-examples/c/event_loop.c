@@ -690,6 +690,8 @@ static void run(const scenario *sc) {
     CHECK(st.prefix_probe_calls == l->eng.prefix_answers);
     /* Waits happened and were ended through the descriptor. */
     CHECK(st.waits > 0);
+    /* The longest wait is one of them: no longer than all of them. */
+    CHECK(st.longest_wait_sec > 0.0 && st.longest_wait_sec <= st.wait_sec);
     CHECK(l->max_sleeping >= 4);
     CHECK(l->fd_wakes_moved_on > 0);
     /* The retry preempted the sleeping attempt; the cancel was counted. */

@@ -201,7 +201,7 @@ class kvgate_stats(Structure):
             "admissions_wait_bound working_set_sessions working_set_waiting_sessions "
             "working_set_tokens working_set_capacity_tokens working_set_shared_prefix_tokens "
             "working_set_window_sec working_set_parked admissions_running_cold_pays "
-            "working_set_holding"
+            "working_set_holding longest_wait_sec"
         ).split()
     ]
 

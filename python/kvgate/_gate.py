@@ -190,6 +190,7 @@ class Stats:
     working_set_parked: int
     admissions_running_cold_pays: int
     working_set_holding: int
+    longest_wait_sec: float
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,6 +50,8 @@ def test_a_thousand_waiters_in_one_loop_without_threads(engine):
         assert threading.active_count() == threads_before
         s = gate.stats()
         assert (s.admissions, s.releases, s.active_leases, s.pending_attempts) == (N + 1, N + 1, 0, 0)
+        # Every waiter slept through the 0.1 s above: the longest wait says so.
+        assert 0.1 <= s.longest_wait_sec <= s.wait_sec, (s.longest_wait_sec, s.wait_sec)
         # Each waiter probed once to wait and about once to be admitted.
         assert engine.usage_calls <= 1 + 3 * N, engine.usage_calls
 

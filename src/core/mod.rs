@@ -750,6 +750,7 @@ fn count_wait(record: Option<&mut SessionRecord>, c: &ShardCounters, wait_ns: u6
     }
     c.waits.add_locked(1);
     c.wait_ns.add_locked(wait_ns);
+    c.longest_wait_ns.raise_locked(wait_ns);
 }
 
 /// A record's figures as reported at `now`.

@@ -46,6 +46,14 @@ impl Counter {
         );
     }
 
+    /// Raises a gauge to `n` if it is lower; the caller holds this
+    /// counter's shard lock (as every writer does).
+    pub(crate) fn raise_locked(&self, n: u64) {
+        if n > self.0.load(Ordering::Relaxed) {
+            self.0.store(n, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
@@ -66,6 +74,8 @@ pub(crate) struct ShardCounters {
     pub(crate) admissions: [Counter; Reason::ALL.len()],
     pub(crate) waits: Counter,
     pub(crate) wait_ns: Counter,
+    /// Gauge: the longest `wait_ns` of one attempt (only ever raised).
+    pub(crate) longest_wait_ns: Counter,
     pub(crate) preempted: Counter,
     pub(crate) timed_out: Counter,
     pub(crate) cancelled: Counter,
@@ -127,6 +137,9 @@ impl ShardCounters {
         s.attempts += self.attempts.get();
         s.waits += self.waits.get();
         s.wait_time += Duration::from_nanos(self.wait_ns.get());
+        s.longest_wait = s
+            .longest_wait
+            .max(Duration::from_nanos(self.longest_wait_ns.get()));
         s.preempted += self.preempted.get();
         s.timed_out += self.timed_out.get();
         s.cancelled += self.cancelled.get();
@@ -161,6 +174,10 @@ pub struct GateStats {
     pub waits: u64,
     /// Total time, from start to end, of the attempts counted in `waits`.
     pub wait_time: Duration,
+    /// Gauge: the longest time, start to end, of one attempt counted in
+    /// `waits` (granted or not), since the gate was created. An attempt
+    /// still waiting counts once it ends.
+    pub longest_wait: Duration,
     /// Attempts preempted by a newer attempt of their session.
     pub preempted: u64,
     /// Attempts whose timeout passed.
@@ -279,7 +296,7 @@ impl GateStats {
             "Probe answers that were NaN, infinite or outside [0, 1].",
             &invalid,
         );
-        let scalars: [(&str, &str, &str, f64); 14] = [
+        let scalars: [(&str, &str, &str, f64); 15] = [
             (
                 "attempts_total",
                 "counter",
@@ -297,6 +314,12 @@ impl GateStats {
                 "counter",
                 "Time spent in acquire by attempts that waited.",
                 self.wait_time.as_secs_f64(),
+            ),
+            (
+                "longest_wait_seconds",
+                "gauge",
+                "Longest time one attempt that waited spent in acquire (since the gate was created).",
+                self.longest_wait.as_secs_f64(),
             ),
             (
                 "releases_total",

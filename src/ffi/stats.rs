@@ -104,6 +104,10 @@ pub struct kvgate_stats {
     /// (nobody waits for room then, nobody is parked), as last decided; 0 in
     /// reference mode.
     pub working_set_holding: u64,
+    /// Gauge: the longest time, start to end, of one attempt counted in
+    /// `waits` (granted or not), since the gate was created, seconds. An
+    /// attempt still waiting counts once it ends.
+    pub longest_wait_sec: f64,
 }
 
 impl From<&GateStats> for kvgate_stats {
@@ -153,6 +157,7 @@ impl From<&GateStats> for kvgate_stats {
             working_set_parked: w.parked,
             admissions_running_cold_pays: running_cold,
             working_set_holding: u64::from(w.holding),
+            longest_wait_sec: s.longest_wait.as_secs_f64(),
         }
     }
 }
