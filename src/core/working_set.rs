@@ -666,10 +666,23 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// the best cap and `real-engine` 1.19x, queued turns having pushed the
     /// estimate up to 1.4x the true capacity; with the least, 0.99x and
     /// 0.92x, near the 0.95x and 0.92x of a gate told the capacity.
+    ///
+    /// A host that says the engine's capacity answers usage on every pass
+    /// too, and it is not used then: that answer is inlined at the call,
+    /// and the sampling is not entered: 20 of a turn's 3,206 instructions
+    /// (`benches/instructions.rs`, `open_1t/working_set/hot`). (The same
+    /// split of `ghost_tokens`, asked as often, cost 31 more instead: its
+    /// callers' frames grew.)
+    #[inline]
     pub fn observe_usage(&mut self, usage: f64) {
         if self.engine.tokens > 0 || !(USAGE_SAMPLE_FLOOR..=1.0).contains(&usage) {
             return;
         }
+        self.sample_usage(usage);
+    }
+
+    /// [`WorkingSet::observe_usage`] of an answer that estimates the capacity.
+    fn sample_usage(&mut self, usage: f64) {
         let in_flight: u64 = self
             .members()
             .filter(|(_, m)| m.in_flight > 0)
