@@ -26,12 +26,12 @@ use std::ops::Deref;
 use std::time::Duration;
 
 use super::decision::{decide, Decision, Facts, Reason};
-use super::ledger::SessionId;
+use super::ledger::{EngineAnswers, SessionId};
 use super::prompt::PromptSketch;
 use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
 use super::waiters::{Enqueued, Notify, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
-use super::working_set::{EngineCapacity, Verdict};
+use super::working_set::{EngineCapacity, Stay, Verdict};
 use super::Core;
 use crate::error::AcquireError;
 use crate::probe::ProbeAnswer;
@@ -118,12 +118,28 @@ pub struct Admission {
 /// once. The blocking gate wraps it in [`Lease`](crate::Lease), which does
 /// that on drop.
 #[must_use = "a lease that is never released keeps its session's reservation and starves waiters"]
+///
+/// Internal to Rust: the C ABI hands out a `u64` lease handle and keeps the
+/// token in its registry, so the token's layout is no part of the ABI. It
+/// is moved several times per turn (into the step, the result, the lease,
+/// back to the core): `tests::lease_token_stays_small` keeps it at 128 bytes.
 pub struct LeaseToken {
     key: SessionKey,
     admission: Admission,
-    /// The ownership window this lease holds, if it retains the session.
-    window: Option<u64>,
+    holds: Holds,
     turn: Turn,
+}
+
+/// What a lease holds of its session, by admission mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holds {
+    /// Nothing: a reference-mode lease that does not retain the session.
+    Nothing,
+    /// Reference mode: the session's ownership window, by id.
+    Window(u64),
+    /// Working-set mode: the session's stay in the working set that the
+    /// turn was admitted in, and where its record is.
+    Stay(Stay),
 }
 
 /// What a release tells the working set about the turn.
@@ -131,9 +147,6 @@ pub struct LeaseToken {
 pub(crate) struct Turn {
     pub(crate) prompt_len: usize,
     pub(crate) admitted_at: u64,
-    /// The session's stay in the working set the turn was admitted in
-    /// (`WorkingSet::membership`; 0 in reference mode).
-    pub(crate) membership: u64,
 }
 
 impl fmt::Debug for LeaseToken {
@@ -156,22 +169,17 @@ impl LeaseToken {
         &self.key.bytes
     }
 
-    pub(crate) fn new(
-        key: SessionKey,
-        admission: Admission,
-        window: Option<u64>,
-        turn: Turn,
-    ) -> Self {
+    pub(crate) fn new(key: SessionKey, admission: Admission, holds: Holds, turn: Turn) -> Self {
         Self {
             key,
             admission,
-            window,
+            holds,
             turn,
         }
     }
 
-    pub(crate) fn into_parts(self) -> (SessionKey, Admission, Option<u64>, Turn) {
-        (self.key, self.admission, self.window, self.turn)
+    pub(crate) fn into_parts(self) -> (SessionKey, Admission, Holds, Turn) {
+        (self.key, self.admission, self.holds, self.turn)
     }
 }
 
@@ -520,8 +528,12 @@ impl Machine {
             "an attempt whose fate is open is its session's pending one"
         );
         self.facts.reserved = record.reservation.held_at(now);
-        let (decision, membership, grants) = match core.ledger() {
-            None => (decide(core.thresholds, self.facts), 0, Default::default()),
+        let (decision, stay, grants) = match core.ledger() {
+            None => (
+                decide(core.thresholds, self.facts),
+                None,
+                Default::default(),
+            ),
             Some(ledger) => {
                 // The event is the grant itself, which the ledger keeps: one
                 // handed over earlier is collected by this request, one
@@ -531,17 +543,21 @@ impl Machine {
                 // each later wait look again at the same instant, asking the
                 // usage probe in a loop.
                 self.take_event();
-                let usage = self.facts.usage.and_then(ProbeAnswer::value);
+                let engine = EngineAnswers {
+                    usage: self.facts.usage.and_then(ProbeAnswer::value),
+                    capacity: self.capacity,
+                };
                 let id = SessionId::of(&self.key);
-                let (verdict, membership, grants) = ledger.request(
+                let (verdict, stay, grants) = ledger.request(
                     &id,
+                    record.ledger_slot,
                     self.prompt_len,
                     self.sketch.as_ref(),
-                    usage,
-                    self.capacity,
+                    engine,
                     now,
                 );
-                (working_set_decision(verdict), membership, grants)
+                record.ledger_slot = stay.slot;
+                (working_set_decision(verdict), Some(stay), grants)
             }
         };
         let step = match decision {
@@ -572,11 +588,14 @@ impl Machine {
                         hit_ratio: self.facts.prefix.and_then(ProbeAnswer::value),
                         retain_session: window.is_some() || core.ledger().is_some(),
                     },
-                    window,
+                    match (stay, window) {
+                        (Some(stay), _) => Holds::Stay(stay),
+                        (None, Some(window)) => Holds::Window(window),
+                        (None, None) => Holds::Nothing,
+                    },
                     Turn {
                         prompt_len: self.prompt_len,
                         admitted_at: now,
-                        membership,
                     },
                 ))
             }
@@ -686,4 +705,15 @@ pub(crate) struct Grant {
     pub(crate) prompt_len: usize,
     /// The attempt's time from start to admission, if it slept.
     pub(crate) waited: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_token_stays_small() {
+        let size = std::mem::size_of::<LeaseToken>();
+        assert!(size <= 128, "LeaseToken grew to {size} bytes");
+    }
 }

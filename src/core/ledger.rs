@@ -12,7 +12,9 @@ use std::sync::Arc as StdArc;
 use super::attempt::Turn;
 use super::prompt::PromptSketch;
 use super::timers::NEVER;
-use super::working_set::{EngineCapacity, TurnReport, Verdict, WorkingSet, WorkingSetStats};
+use super::working_set::{
+    EngineCapacity, SlotHint, Stay, TurnReport, Verdict, WorkingSet, WorkingSetStats,
+};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
 /// A session as the ledger knows it: by its id's bytes (not by its record,
@@ -71,6 +73,14 @@ impl Grants {
     }
 }
 
+/// The engine's answers of an attempt's pass, as far as they were asked:
+/// its usage and its capacity.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EngineAnswers {
+    pub(crate) usage: Option<f64>,
+    pub(crate) capacity: Option<EngineCapacity>,
+}
+
 #[derive(Debug)]
 pub(crate) struct Ledger {
     set: Mutex<WorkingSet<SessionId>>,
@@ -104,44 +114,46 @@ impl Ledger {
     }
 
     /// An attempt's turn asks to be admitted; the engine's answers of this
-    /// pass come with it.
+    /// pass come with it. `hint` is where the session's record was when the
+    /// ledger last answered it (`SessionRecord::ledger_slot`).
     pub(crate) fn request(
         &self,
         id: &SessionId,
+        hint: SlotHint,
         prompt_len: usize,
         sketch: Option<&PromptSketch>,
-        usage: Option<f64>,
-        capacity: Option<EngineCapacity>,
+        engine: EngineAnswers,
         now: u64,
-    ) -> (Verdict, u64, Grants) {
-        let ((verdict, membership), grants) = self.change(now, |set| {
-            if let Some(capacity) = capacity {
+    ) -> (Verdict, Stay, Grants) {
+        let ((verdict, stay), grants) = self.change(now, |set| {
+            if let Some(capacity) = engine.capacity {
                 set.set_engine(capacity);
             }
-            if let Some(usage) = usage {
+            if let Some(usage) = engine.usage {
                 set.observe_usage(usage);
             }
-            set.request_in_stay(id, prompt_len as u64, sketch, now)
+            set.request_in_stay(id, hint, prompt_len as u64, sketch, now)
         });
-        (verdict, membership, grants)
+        (verdict, stay, grants)
     }
 
-    /// A turn ended (admitted during the session's stay `turn.membership`,
-    /// as `request` answered it).
+    /// A turn ended, admitted during the session's `stay` as `request`
+    /// answered it.
     pub(crate) fn release(
         &self,
         id: &SessionId,
+        stay: Stay,
         turn: Turn,
         report: TurnReport,
         now: u64,
     ) -> Grants {
         self.change(now, |set| {
-            set.release_of(
+            set.release_in_stay(
                 id,
+                stay,
                 turn.prompt_len as u64,
                 report,
                 turn.admitted_at,
-                turn.membership,
                 now,
             )
         })

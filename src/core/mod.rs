@@ -46,6 +46,7 @@ pub use waiters::Notify;
 use crate::config::{AdmissionMode, Config, ConfigError};
 use crate::error::AcquireError;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
+use attempt::Holds;
 use decision::Thresholds;
 use ledger::{Grants, Ledger, SessionId};
 use sessions::{bump, Expiry, Reservation, SessionKey, SessionRecord, SessionTable};
@@ -53,7 +54,7 @@ use stats::ShardCounters;
 use timers::{TimerQueue, NEVER};
 pub(crate) use waiters::Slot;
 use waiters::{Waiters, CANCELLED, PREEMPTED};
-use working_set::{Tuning, TurnReport, WorkingSet, WorkingSetStats};
+use working_set::{SlotHint, Stay, Tuning, TurnReport, WorkingSet, WorkingSetStats};
 
 /// Most timer entries one caller fires at once: bounds the latency a purge
 /// adds to whoever happens to look; the rest is left to the next caller.
@@ -352,7 +353,7 @@ impl Core {
     /// cached prompt tokens, its output): working-set admission learns the
     /// shared prefix, the members' misses and the prefill rate from it.
     pub fn release_with(&self, lease: LeaseToken, report: TurnReport, now: u64) {
-        let (key, admission, window, turn) = lease.into_parts();
+        let (key, admission, holds, turn) = lease.into_parts();
         let (index, shard) = self.shard_of(&key);
         let mut forget = false;
         {
@@ -362,7 +363,7 @@ impl Core {
                 record.last_activity = now;
                 shard.counters.active_leases.sub_locked(1);
                 shard.counters.releases.add_locked(1);
-                if let Some(window) = window {
+                if let Holds::Window(window) = holds {
                     let next = record.reservation.release(window, now, self.grace_ns);
                     if next != record.reservation {
                         self.set_reservation(record, next, &shard.counters);
@@ -381,7 +382,15 @@ impl Core {
             None => self.capacity_event(),
             Some(ledger) => {
                 let id = SessionId::from(key);
-                let mut grants = ledger.release(&id, turn, report, now);
+                let stay = match holds {
+                    Holds::Stay(stay) => stay,
+                    // Not granted by the ledger: no stay of it can match.
+                    Holds::Nothing | Holds::Window(_) => Stay {
+                        membership: 0,
+                        slot: SlotHint::NONE,
+                    },
+                };
+                let mut grants = ledger.release(&id, stay, turn, report, now);
                 if forget {
                     grants.extend(ledger.forget(&id, now));
                 }

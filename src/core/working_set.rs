@@ -72,6 +72,41 @@ type KeyMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
 /// the queue and the list of members between turns name sessions by it.
 type Slot = usize;
 
+/// Where a session's record was in [`WorkingSet::sessions`], as a caller
+/// keeps it between calls: a session's request and its turn's release
+/// hand back the slot they were last given, and the record there is taken
+/// once it is checked to be the session's, without hashing the key (an
+/// FxHash lookup, ~60 instructions, on each of a member's request and
+/// release; `benches/instructions.rs`, `open_1t/working_set/hot`). A hint
+/// that no longer holds (the record was dropped, its slot reused) costs
+/// the lookup it saves, nothing else. Four bytes, so that the lease token
+/// carrying it does not grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotHint(u32);
+
+impl SlotHint {
+    /// No hint: the key is looked up.
+    pub(crate) const NONE: Self = Self(u32::MAX);
+
+    /// The hint of slot `s` (none for a slot past what four bytes hold).
+    fn of(s: Slot) -> Self {
+        u32::try_from(s).map_or(Self::NONE, Self)
+    }
+
+    fn get(self) -> Option<Slot> {
+        (self != Self::NONE).then_some(self.0 as Slot)
+    }
+}
+
+/// The stay in the working set a turn was admitted in, as the request
+/// answered it: which stay ([`WorkingSet::membership`]; 0 for none), and
+/// where the session's record was, for the release to find it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stay {
+    pub(crate) membership: u64,
+    pub(crate) slot: SlotHint,
+}
+
 /// What the engine says about its KV cache (the capacity probe).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 #[non_exhaustive]
@@ -871,7 +906,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// at `now`. A session already queued keeps its place (a retry does not
     /// lose it); a grant handed over while it slept is collected here.
     pub fn request(&mut self, key: &K, prompt_len: u64, now: u64) -> Verdict {
-        self.request_in_stay(key, prompt_len, None, now).0
+        self.request_in_stay(key, SlotHint::NONE, prompt_len, None, now)
+            .0
     }
 
     /// [`WorkingSet::request`] with the prompt's sketch, when the driver
@@ -885,24 +921,39 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         sketch: Option<&PromptSketch>,
         now: u64,
     ) -> Verdict {
-        self.request_in_stay(key, prompt_len, sketch, now).0
+        self.request_in_stay(key, SlotHint::NONE, prompt_len, sketch, now)
+            .0
     }
 
-    /// [`WorkingSet::request_sketched`], and then
-    /// [`WorkingSet::membership`] (the stay the turn belongs to, if it was
-    /// admitted) from the same lookup of `key`: the core asks both on every
-    /// pass.
+    /// [`WorkingSet::request_sketched`], and then the stay the turn belongs
+    /// to ([`WorkingSet::membership`], if it was admitted, and the record's
+    /// slot) from the same record: the core asks both on every pass. The
+    /// record is taken at `hint` if it is `key`'s there.
     pub(crate) fn request_in_stay(
         &mut self,
         key: &K,
+        hint: SlotHint,
         prompt_len: u64,
         sketch: Option<&PromptSketch>,
         now: u64,
-    ) -> (Verdict, u64) {
+    ) -> (Verdict, Stay) {
         self.expire(now);
-        let s = self.slot_or_insert(key);
+        let s = self.slot_of(key, hint);
         let verdict = self.request_at(s, prompt_len, sketch, now);
-        (verdict, self.membership_at(Some(s)))
+        let stay = Stay {
+            membership: self.membership_at(Some(s)),
+            slot: SlotHint::of(s),
+        };
+        (verdict, stay)
+    }
+
+    /// The slot of `key`'s record: at `hint` if it is there, else looked up
+    /// (and made empty if the session is new).
+    fn slot_of(&mut self, key: &K, hint: SlotHint) -> Slot {
+        match hint.get() {
+            Some(s) if self.sessions.get(s).is_some_and(|r| r.key == *key) => s,
+            _ => self.slot_or_insert(key),
+        }
     }
 
     /// [`WorkingSet::request`] of the session at `s`.
@@ -1252,6 +1303,54 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         now: u64,
     ) {
         let slot = self.slots.get(key).copied();
+        self.release_at(slot, prompt_len, report, admitted_at, membership, now);
+    }
+
+    /// [`WorkingSet::release_of`] of a turn admitted in `stay` (as
+    /// [`WorkingSet::request_in_stay`] answered it): the record is taken at
+    /// the stay's slot while that stay goes on, and `key` is looked up only
+    /// when it does not.
+    pub(crate) fn release_in_stay(
+        &mut self,
+        key: &K,
+        stay: Stay,
+        prompt_len: u64,
+        report: TurnReport,
+        admitted_at: u64,
+        now: u64,
+    ) {
+        let slot = match self.slot_of_stay(stay) {
+            Some(s) => Some(s),
+            None => self.slots.get(key).copied(),
+        };
+        debug_assert!(
+            slot.is_none_or(|s| self.sessions[s].key == *key),
+            "a stay's slot holds its own session"
+        );
+        self.release_at(slot, prompt_len, report, admitted_at, stay.membership, now);
+    }
+
+    /// The slot of the record that is in `stay` now, if that stay goes on.
+    /// A member's `joined` is unique to its stay (no two joins share it),
+    /// so the member found there with it is the stay's own session: the
+    /// slot the key's lookup would give.
+    fn slot_of_stay(&self, stay: Stay) -> Option<Slot> {
+        let s = stay.slot.get()?;
+        let member = self.sessions.get(s)?.member.as_ref()?;
+        (stay.membership != 0 && member.joined == stay.membership).then_some(s)
+    }
+
+    /// [`WorkingSet::release_of`] of the session whose record is at `slot`
+    /// (`None`: not known).
+    fn release_at(
+        &mut self,
+        slot: Option<Slot>,
+        prompt_len: u64,
+        report: TurnReport,
+        admitted_at: u64,
+        membership: u64,
+        now: u64,
+    ) {
         if self.membership_at(slot) != membership {
             self.expire(now);
             return;
