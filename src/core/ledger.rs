@@ -97,7 +97,9 @@ impl Ledger {
     }
 
     /// Runs `change`, then lets in whoever may now enter and publishes the
-    /// next deadline. Returns `change`'s result and the grants.
+    /// next deadline. Returns `change`'s result and the grants. Every
+    /// `change` ends the windows over at `now` (`WorkingSet::expire`; a
+    /// request and a release do it themselves).
     fn change<R>(
         &self,
         now: u64,
@@ -106,7 +108,7 @@ impl Ledger {
         let mut set = self.set.lock();
         let result = change(&mut set);
         let mut grants = Grants::default();
-        set.admit_waiting(now, &mut grants.sessions);
+        set.admit_waiting_expired(now, &mut grants.sessions);
         let next = set.next_deadline().unwrap_or(NEVER);
         let before = self.deadline.swap(next, Ordering::SeqCst);
         grants.deadline_earlier = next < before;
@@ -162,12 +164,20 @@ impl Ledger {
 
     /// The session's waiting attempt is gone.
     pub(crate) fn withdraw(&self, id: &SessionId, now: u64) -> Grants {
-        self.change(now, |set| set.withdraw(id)).1
+        self.change(now, |set| {
+            set.withdraw(id);
+            set.expire(now);
+        })
+        .1
     }
 
     /// The session ended.
     pub(crate) fn finish(&self, id: &SessionId, now: u64) -> Grants {
-        self.change(now, |set| set.finish(id, now)).1
+        self.change(now, |set| {
+            set.finish(id, now);
+            set.expire(now);
+        })
+        .1
     }
 
     /// The core no longer tracks the session: forget what was learned of it.
@@ -176,6 +186,7 @@ impl Ledger {
             if !set.is_member(id) && !set.is_waiting(id) {
                 set.forget(id, now);
             }
+            set.expire(now);
         })
         .1
     }
