@@ -772,9 +772,13 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         (self.window_ns() as f64 * self.tuning.wait_bound_windows) as u64
     }
 
+    /// Tokens per KV block (1 while unknown).
+    fn block_tokens(&self) -> u64 {
+        u64::from(self.engine.block_tokens.max(1))
+    }
+
     fn blocks(&self, tokens: u64) -> u64 {
-        let b = u64::from(self.engine.block_tokens.max(1));
-        tokens.div_ceil(b) * b
+        round_up(tokens, self.block_tokens())
     }
 
     /// Tokens counted now (nothing while the working set is empty).
@@ -842,43 +846,16 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     fn expected_output(&self, s: Slot) -> u64 {
-        let h = &self.sessions[s].history;
-        if h.turns > 0 {
-            h.last_output
-        } else {
-            self.mean_output as u64
-        }
-    }
-
-    /// What a member's next turn will add to what it keeps cached: the tool
-    /// result its prompt grows by (its own mean, else everyone's) and the
-    /// output it generates. Counted before a newcomer joins: one that fits
-    /// only until the members' next turns would park one of them at once
-    /// (and be parked itself soon after: churn that re-prefills both).
-    ///
-    /// A session's own last output is added as the integer it is: taken
-    /// through `f64` and back (as was done), it came out the same for any
-    /// count below 2^53 tokens, for two conversions (each several
-    /// instructions on x86-64: no unsigned convert, and `as` saturates) at
-    /// every request and release: 38 of a turn's 3,244 instructions
-    /// (`benches/instructions.rs`, `open_1t/working_set/hot`).
-    fn next_turn_growth(&self, h: &History) -> u64 {
-        let output = if h.turns > 0 {
-            h.last_output
-        } else {
-            self.mean_output as u64
-        };
-        let growth = if h.growth > 0.0 {
-            h.growth
-        } else {
-            self.mean_growth
-        };
-        growth as u64 + output
+        expected_output(&self.sessions[s].history, self.mean_output)
     }
 
     /// Refreshes a member's reserve from what is known of it now.
     fn refresh_reserve(&mut self, s: Slot) {
-        let reserve = self.next_turn_growth(&self.sessions[s].history);
+        let reserve = next_turn_growth(
+            &self.sessions[s].history,
+            self.mean_output,
+            self.mean_growth,
+        );
         if let Some(m) = self.sessions[s].member.as_mut() {
             self.reserve_sum = self.reserve_sum - m.reserve + reserve;
             m.reserve = reserve;
@@ -968,44 +945,20 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return grant;
         }
         self.learn_growth(s, prompt_len);
-        let is_member = self.sessions[s].member.is_some();
+        if self.sessions[s].member.is_some() {
+            return self.member_request(s, prompt_len, sketch, now);
+        }
         // A first turn not yet in the working set is counted without the
         // prefix first turns have shared, until its own report says.
         let first_turn_credit =
-            (!is_member && self.sessions[s].history.turns == 0).then(|| self.expected_first_hit());
+            (self.sessions[s].history.turns == 0).then(|| self.expected_first_hit());
         let h = &mut self.sessions[s].history;
-        if h.turns > 0 && h.gap_open {
-            h.gap_open = false;
-            let gap = now.saturating_sub(h.released_at);
-            h.gaps.push(gap);
-            // A floor of 1 ms keeps the log finite (a host that asks again
-            // at once).
-            self.mean_ln_gap = running_mean(self.mean_ln_gap, (gap.max(1_000_000) as f64).ln());
-        }
+        end_gap(h, now, &mut self.mean_ln_gap);
         h.queued_prompt = prompt_len;
         if let Some(credit) = first_turn_credit {
             h.shared_credit = credit;
         }
-        // Only a member's turn has an expectation (and only it is compared
-        // with the last sketch): read before the sketch is replaced.
-        if is_member {
-            h.expect_hit = expected_hit(h, prompt_len, sketch);
-        }
-        if let Some(sketch) = sketch {
-            // In place: no allocation once the session's prompts stop
-            // outgrowing the memory kept.
-            match &mut h.last_sketch {
-                Some(kept) => kept.clone_from(sketch),
-                None => h.last_sketch = Some(sketch.clone()),
-            }
-        }
-        if is_member {
-            self.sessions[s].history.turn_cold = !self.holding;
-            self.grow_member(s, prompt_len);
-            self.refresh_reserve(s);
-            self.shrink_to_fit(now, Some(s));
-            return Verdict::Member;
-        }
+        keep_sketch(h, sketch);
         let h = &mut self.sessions[s].history;
         if h.queued.is_none() {
             let class = if h.returning {
@@ -1031,6 +984,56 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.join(s, prompt_len, now);
         }
         verdict
+    }
+
+    /// A member's turn asks, with a `prompt_len`-token prompt: it is let in
+    /// as a member, its footprint grows to the prompt's, its reserve is
+    /// estimated again, and members between turns are parked if the
+    /// growth no longer fits.
+    ///
+    /// The record is borrowed once for all of it, the working set's figures
+    /// it needs read first: each `sessions[s]` is a bounds and an occupancy
+    /// check, and the turn made fourteen of them when each step looked the
+    /// record up for itself (`grow_member`, `refresh_reserve`, ...).
+    fn member_request(
+        &mut self,
+        s: Slot,
+        prompt_len: u64,
+        sketch: Option<&PromptSketch>,
+        now: u64,
+    ) -> Verdict {
+        // Unlinked first: that needs its neighbours' records (and it is
+        // listed only while no turn of it is in flight).
+        self.idle.remove(&mut self.sessions, s);
+        let block = self.block_tokens();
+        let shared_prefix = self.shared_prefix;
+        let (mean_output, mean_growth) = (self.mean_output, self.mean_growth);
+        let Session {
+            history, member, ..
+        } = &mut self.sessions[s];
+        let (h, m) = (history, member.as_mut().expect("a member asks"));
+        end_gap(h, now, &mut self.mean_ln_gap);
+        h.queued_prompt = prompt_len;
+        // Only a member's turn has an expectation (and only it is compared
+        // with the last sketch): read before the sketch is replaced.
+        h.expect_hit = expected_hit(h, prompt_len, sketch);
+        keep_sketch(h, sketch);
+        h.turn_cold = !self.holding;
+        let output = expected_output(h, mean_output);
+        let footprint = round_up(prompt_len.saturating_add(output), block);
+        m.in_flight += 1;
+        if footprint > m.footprint {
+            let credit = h.shared_credit.min(shared_prefix);
+            let own_old = m.footprint.saturating_sub(credit);
+            self.own_sum = self.own_sum - own_old + footprint.saturating_sub(credit);
+            m.footprint = footprint;
+        }
+        h.last_prompt = prompt_len;
+        let reserve = next_turn_growth(h, mean_output, mean_growth);
+        self.reserve_sum = self.reserve_sum - m.reserve + reserve;
+        m.reserve = reserve;
+        self.shrink_to_fit(now, Some(s));
+        Verdict::Member
     }
 
     /// Every member, with its slot (in no particular order).
@@ -1215,20 +1218,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         h.turn_cold = !self.holding;
     }
 
-    fn grow_member(&mut self, s: Slot, prompt_len: u64) {
-        let footprint = self.footprint(s, prompt_len);
-        let own_new = self.own(s, footprint);
-        let own_old = self.own(s, self.sessions[s].member().footprint);
-        self.idle.remove(&mut self.sessions, s);
-        let m = self.sessions[s].member_mut();
-        m.in_flight += 1;
-        if footprint > m.footprint {
-            m.footprint = footprint;
-            self.own_sum = self.own_sum - own_old + own_new;
-        }
-        self.sessions[s].history.last_prompt = prompt_len;
-    }
-
     /// Takes the member out of the record at `s` (and out of the index of
     /// members between turns), if the session is one.
     fn take_member(&mut self, s: Slot) -> Option<Member> {
@@ -1355,25 +1344,45 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.expire(now);
             return;
         }
+        match slot {
+            Some(s) if self.sessions[s].member.is_some() => {
+                self.member_release(s, prompt_len, report, admitted_at, now);
+            }
+            _ => self.outsider_release(slot, prompt_len, report, admitted_at, now),
+        }
+    }
+
+    /// A member's turn ended at `now`: what it taught is learned, its
+    /// footprint is its prompt and output now, and between turns it keeps
+    /// its place for a window (if its tool calls usually end within one),
+    /// listed by its release.
+    ///
+    /// As for its request ([`WorkingSet::member_request`]), the record is
+    /// borrowed once, after learning (which may change the shared prefix
+    /// and the means its figures take).
+    fn member_release(
+        &mut self,
+        s: Slot,
+        prompt_len: u64,
+        report: TurnReport,
+        admitted_at: u64,
+        now: u64,
+    ) {
         // Own tokens before this turn's report changes the session's credit.
-        let own_old = slot.and_then(|s| {
-            let m = self.sessions[s].member.as_ref()?;
-            Some(self.own(s, m.footprint))
-        });
-        let cold = slot.is_some_and(|s| self.sessions[s].history.turn_cold);
-        if !cold {
+        let own_old = self.own(s, self.sessions[s].member().footprint);
+        if !self.sessions[s].history.turn_cold {
             let turn = now.saturating_sub(admitted_at) as f64;
             self.mean_turn_ns = running_mean(self.mean_turn_ns, turn);
         }
-        self.learn(slot, prompt_len, report, admitted_at, now);
+        self.learn(Some(s), prompt_len, report, admitted_at, now);
         let refill = self.window_ns();
-        let Some(s) = slot else {
-            // As every release, it ends the windows over at `now` (learning
-            // may have shortened them).
-            self.expire(now);
-            return;
-        };
-        let h = &mut self.sessions[s].history;
+        let block = self.block_tokens();
+        let shared_prefix = self.shared_prefix;
+        let (mean_output, mean_growth) = (self.mean_output, self.mean_growth);
+        let Session {
+            history, member, ..
+        } = &mut self.sessions[s];
+        let (h, m) = (history, member.as_mut().expect("a member's turn ends"));
         let output = report.output_tokens.unwrap_or(h.last_output);
         h.turns += 1;
         h.last_prompt = prompt_len;
@@ -1381,32 +1390,67 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         h.released_at = now;
         h.gap_open = true;
         let keeps_window = keeps_window(&h.gaps, refill);
-        if let Some(own_old) = own_old {
-            let footprint = self.blocks(prompt_len + output);
-            let own_new = self.own(s, footprint);
-            self.own_sum = self.own_sum - own_old + own_new;
-            // A member whose turn ends has it in flight, so is not listed
-            // between turns: asked here, the call is skipped (it asks the
-            // same), 12 of a turn's 3,186 instructions
-            // (`benches/instructions.rs`, `open_1t/working_set/hot`).
-            if self.sessions[s].member().in_flight == 0 {
-                self.idle.remove(&mut self.sessions, s);
-            }
-            let m = self.sessions[s].member_mut();
-            m.footprint = footprint;
-            m.in_flight = m.in_flight.saturating_sub(1);
-            let between_turns = m.in_flight == 0;
-            if between_turns {
-                m.released_at = now;
-            }
-            self.idle.insert(&mut self.sessions, s);
-            self.refresh_reserve(s);
-            if between_turns && !keeps_window {
-                self.leave(s, now, true);
-            }
+        let footprint = round_up(prompt_len + output, block);
+        let own_new = footprint.saturating_sub(h.shared_credit.min(shared_prefix));
+        self.own_sum = self.own_sum - own_old + own_new;
+        // A member whose turn ends has it in flight, so is not listed
+        // between turns: asked here, the call to unlink it is skipped, 12 of
+        // a turn's 3,186 instructions (`benches/instructions.rs`,
+        // `open_1t/working_set/hot`). Were it listed (a release with no turn
+        // counted in flight), it is unlinked below, which reads only its
+        // links, and linked in again by this release.
+        let was_listed = m.in_flight == 0;
+        m.footprint = footprint;
+        m.in_flight = m.in_flight.saturating_sub(1);
+        let between_turns = m.in_flight == 0;
+        if between_turns {
+            m.released_at = now;
+        }
+        let reserve = next_turn_growth(h, mean_output, mean_growth);
+        self.reserve_sum = self.reserve_sum - m.reserve + reserve;
+        m.reserve = reserve;
+        if was_listed {
+            self.idle.remove(&mut self.sessions, s);
+        }
+        self.idle.insert(&mut self.sessions, s);
+        if between_turns && !keeps_window {
+            self.leave(s, now, true);
         }
         self.expire(now);
         self.shrink_to_fit(now, None);
+    }
+
+    /// A turn of a session not in the working set ended at `now` (a turn
+    /// [`WorkingSet::release`]d with no stay, as the public calls allow):
+    /// what it taught is learned, and the session's history moves on.
+    fn outsider_release(
+        &mut self,
+        slot: Option<Slot>,
+        prompt_len: u64,
+        report: TurnReport,
+        admitted_at: u64,
+        now: u64,
+    ) {
+        let cold = slot.is_some_and(|s| self.sessions[s].history.turn_cold);
+        if !cold {
+            let turn = now.saturating_sub(admitted_at) as f64;
+            self.mean_turn_ns = running_mean(self.mean_turn_ns, turn);
+        }
+        self.learn(slot, prompt_len, report, admitted_at, now);
+        if let Some(s) = slot {
+            let h = &mut self.sessions[s].history;
+            h.turns += 1;
+            h.last_prompt = prompt_len;
+            h.last_output = report.output_tokens.unwrap_or(h.last_output);
+            h.released_at = now;
+            h.gap_open = true;
+        }
+        // As every release, it ends the windows over at `now` (learning may
+        // have shortened them).
+        self.expire(now);
+        if slot.is_some() {
+            self.shrink_to_fit(now, None);
+        }
     }
 
     /// Learns output length, the shared prefix, the prefill rate and the
@@ -1793,8 +1837,72 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 }
 
-/// A running mean over every session, seeded by its first sample: a slow
-/// drift, not one turn's noise.
+/// What a member's next turn will add to what it keeps cached: the tool
+/// result its prompt grows by (its own mean, else everyone's) and the
+/// output it generates. Counted before a newcomer joins: one that fits
+/// only until the members' next turns would park one of them at once
+/// (and be parked itself soon after: churn that re-prefills both).
+///
+/// A session's own last output is added as the integer it is: taken
+/// through `f64` and back (as was done), it came out the same for any
+/// count below 2^53 tokens, for two conversions (each several
+/// instructions on x86-64: no unsigned convert, and `as` saturates) at
+/// every request and release: 38 of a turn's 3,244 instructions
+/// (`benches/instructions.rs`, `open_1t/working_set/hot`).
+///
+/// `mean_output` and `mean_growth` are the working set's, for a session
+/// that has not shown its own yet.
+fn next_turn_growth(h: &History, mean_output: f64, mean_growth: f64) -> u64 {
+    let output = expected_output(h, mean_output);
+    let growth = if h.growth > 0.0 {
+        h.growth
+    } else {
+        mean_growth
+    };
+    growth as u64 + output
+}
+
+/// What a session's turn is expected to generate: its last turn's output,
+/// else the working set's mean (`mean_output`).
+fn expected_output(h: &History, mean_output: f64) -> u64 {
+    if h.turns > 0 {
+        h.last_output
+    } else {
+        mean_output as u64
+    }
+}
+
+/// `tokens` rounded up to whole blocks of `block` tokens.
+fn round_up(tokens: u64, block: u64) -> u64 {
+    tokens.div_ceil(block) * block
+}
+
+/// Ends the session's tool gap, if one is open, at `now`: it is
+/// remembered with the session's gaps and its log folded into
+/// `mean_ln_gap`, the mean over every session.
+fn end_gap(h: &mut History, now: u64, mean_ln_gap: &mut f64) {
+    if h.turns > 0 && h.gap_open {
+        h.gap_open = false;
+        let gap = now.saturating_sub(h.released_at);
+        h.gaps.push(gap);
+        // A floor of 1 ms keeps the log finite (a host that asks again
+        // at once).
+        *mean_ln_gap = running_mean(*mean_ln_gap, (gap.max(1_000_000) as f64).ln());
+    }
+}
+
+/// Keeps the sketch of the session's newest prompt, if its driver gave one.
+fn keep_sketch(h: &mut History, sketch: Option<&PromptSketch>) {
+    if let Some(sketch) = sketch {
+        // In place: no allocation once the session's prompts stop
+        // outgrowing the memory kept.
+        match &mut h.last_sketch {
+            Some(kept) => kept.clone_from(sketch),
+            None => h.last_sketch = Some(sketch.clone()),
+        }
+    }
+}
+
 /// What a member's turn with a `prompt_len`-token prompt should hit: the
 /// part of its previous prompt the new one begins with. The previous
 /// output is not counted, because agents built on reasoning models drop
@@ -1810,6 +1918,8 @@ fn expected_hit(h: &History, prompt_len: u64, sketch: Option<&PromptSketch>) -> 
     }
 }
 
+/// A running mean over every session, seeded by its first sample: a slow
+/// drift, not one turn's noise.
 fn running_mean(mean: f64, sample: f64) -> f64 {
     if mean == 0.0 {
         sample
