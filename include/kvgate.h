@@ -682,6 +682,19 @@ typedef struct kvgate_stats {
      * attempt still waiting counts once it ends.
      */
     double longest_wait_sec;
+    /**
+     * Gauge: how many turns ahead a joining session must still fit beside
+     * the members' expected growth: the turns a hot session runs in one
+     * refill window, stretched by `1 / (1 - working_set_prefill_share)`;
+     * 1 while unknown, 0 in reference mode.
+     */
+    uint64_t working_set_horizon_turns;
+    /**
+     * Gauge: the measured share of the engine's time spent prefilling,
+     * from the turns' reported cached tokens, in `[0, 0.9]`; it stretches
+     * the horizon. 0 before any report, and in reference mode.
+     */
+    double working_set_prefill_share;
 } kvgate_stats;
 
 /**

@@ -188,7 +188,7 @@ class kvgate_session_stats(Structure):
 
 class kvgate_stats(Structure):
     _fields_ = [("size", c_size_t)] + [
-        (name, c_double if name.endswith("_sec") else c_uint64)
+        (name, c_double if name.endswith(("_sec", "_share")) else c_uint64)
         for name in (
             "admissions admissions_open admissions_reserved_session "
             "admissions_prefix_probe_unavailable admissions_resident_prefix "
@@ -201,7 +201,8 @@ class kvgate_stats(Structure):
             "admissions_wait_bound working_set_sessions working_set_waiting_sessions "
             "working_set_tokens working_set_capacity_tokens working_set_shared_prefix_tokens "
             "working_set_window_sec working_set_parked admissions_running_cold_pays "
-            "working_set_holding longest_wait_sec"
+            "working_set_holding longest_wait_sec working_set_horizon_turns "
+            "working_set_prefill_share"
         ).split()
     ]
 

@@ -191,6 +191,8 @@ class Stats:
     admissions_running_cold_pays: int
     working_set_holding: int
     longest_wait_sec: float
+    working_set_horizon_turns: int
+    working_set_prefill_share: float
 
 
 @dataclasses.dataclass(frozen=True)

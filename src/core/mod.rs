@@ -27,6 +27,8 @@
 mod attempt;
 pub(crate) mod decision;
 mod ledger;
+mod lifetimes;
+mod prefill_share;
 pub mod prompt;
 pub(crate) mod sessions;
 pub(crate) mod stats;

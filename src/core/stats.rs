@@ -392,7 +392,7 @@ impl GateStats {
             family(name, kind, help, &[("", value)]);
         }
         let w = &self.working_set;
-        let working_set: [(&str, &str, &str, f64); 8] = [
+        let working_set: [(&str, &str, &str, f64); 10] = [
             (
                 "working_set_sessions",
                 "gauge",
@@ -440,6 +440,18 @@ impl GateStats {
                 "gauge",
                 "1 while holding sessions out pays (cold turns would not serve clearly more), else 0: nobody waits for room.",
                 f64::from(u8::from(w.holding)),
+            ),
+            (
+                "working_set_horizon_turns",
+                "gauge",
+                "How many turns ahead a joining session must still fit beside the members (a hot session's turns in a refill window, stretched by the prefill share).",
+                f64::from(w.horizon_turns),
+            ),
+            (
+                "working_set_prefill_share",
+                "gauge",
+                "Measured share of the engine's time spent prefilling (from turn reports), which stretches the horizon.",
+                w.prefill_share,
             ),
         ];
         for (name, kind, help, value) in working_set {

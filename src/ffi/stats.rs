@@ -108,6 +108,15 @@ pub struct kvgate_stats {
     /// `waits` (granted or not), since the gate was created, seconds. An
     /// attempt still waiting counts once it ends.
     pub longest_wait_sec: f64,
+    /// Gauge: how many turns ahead a joining session must still fit beside
+    /// the members' expected growth: the turns a hot session runs in one
+    /// refill window, stretched by `1 / (1 - working_set_prefill_share)`;
+    /// 1 while unknown, 0 in reference mode.
+    pub working_set_horizon_turns: u64,
+    /// Gauge: the measured share of the engine's time spent prefilling,
+    /// from the turns' reported cached tokens, in `[0, 0.9]`; it stretches
+    /// the horizon. 0 before any report, and in reference mode.
+    pub working_set_prefill_share: f64,
 }
 
 impl From<&GateStats> for kvgate_stats {
@@ -158,6 +167,8 @@ impl From<&GateStats> for kvgate_stats {
             admissions_running_cold_pays: running_cold,
             working_set_holding: u64::from(w.holding),
             longest_wait_sec: s.longest_wait.as_secs_f64(),
+            working_set_horizon_turns: u64::from(w.horizon_turns),
+            working_set_prefill_share: w.prefill_share,
         }
     }
 }

@@ -1,0 +1,118 @@
+//! How many turns sessions last: the turn counts of the sessions that
+//! finished most recently, asked how likely a session still running is to
+//! run some turns more.
+//!
+//! The working set uses it to see how the members' footprints will grow
+//! before they end ([`super::working_set`]): a member that has run 9 turns
+//! where every session seen ended after 10 will free its room soon, one that
+//! has run 2 will grow for a while yet. Only what was measured is used: a
+//! session that has outlived every session seen gets no answer.
+
+use std::collections::VecDeque;
+
+/// Finished sessions remembered: enough for a steady answer, few enough to
+/// follow a workload that changes (a new rollout step, a new task mix).
+const REMEMBERED: usize = 64;
+
+/// The turn counts of the last [`REMEMBERED`] finished sessions.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Lifetimes {
+    /// In the order they finished: the oldest is forgotten first.
+    by_finish: VecDeque<u32>,
+    /// The same counts, ascending: a survival question is a binary search.
+    sorted: Vec<u32>,
+}
+
+impl Lifetimes {
+    /// A session ended after `turns` turns (none: nothing to learn).
+    pub(crate) fn record(&mut self, turns: u32) {
+        if turns == 0 {
+            return;
+        }
+        if self.by_finish.len() == REMEMBERED {
+            if let Some(oldest) = self.by_finish.pop_front() {
+                let at = self.sorted.partition_point(|&t| t < oldest);
+                self.sorted.remove(at);
+            }
+        }
+        self.by_finish.push_back(turns);
+        let at = self.sorted.partition_point(|&t| t < turns);
+        self.sorted.insert(at, turns);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.sorted.is_empty()
+    }
+
+    /// The most turns any remembered session ran (0 if none).
+    pub(crate) fn longest(&self) -> u32 {
+        self.sorted.last().copied().unwrap_or(0)
+    }
+
+    /// Remembered sessions that ran at least `turns` turns.
+    fn lasting(&self, turns: u32) -> usize {
+        self.sorted.len() - self.sorted.partition_point(|&t| t < turns)
+    }
+
+    /// The chance that a session that has begun `started` turns begins
+    /// `ahead` more: among the remembered sessions that ran at least
+    /// `started` turns, the share that ran at least `started + ahead`.
+    /// `None` when none ran `started` turns: nothing measured says how it
+    /// goes on.
+    pub(crate) fn continuing(&self, started: u32, ahead: u32) -> Option<f64> {
+        let reached = self.lasting(started.max(1));
+        if reached == 0 {
+            return None;
+        }
+        let further = self.lasting(started.max(1).saturating_add(ahead));
+        Some(further as f64 / reached as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_is_known_before_a_session_finishes() {
+        let l = Lifetimes::default();
+        assert!(l.is_empty());
+        assert_eq!(l.longest(), 0);
+        assert_eq!(l.continuing(1, 1), None);
+    }
+
+    #[test]
+    fn survival_is_the_share_of_those_that_got_as_far_and_went_further() {
+        let mut l = Lifetimes::default();
+        for t in [10, 10, 4, 2, 0] {
+            l.record(t);
+        }
+        assert_eq!(l.longest(), 10);
+        // Of the 4 that began a turn, 3 began a third and 2 a fifth.
+        assert_eq!(l.continuing(1, 2), Some(0.75));
+        assert_eq!(l.continuing(1, 4), Some(0.5));
+        // Of the 2 that began 9 turns, both began a 10th, none an 11th.
+        assert_eq!(l.continuing(9, 1), Some(1.0));
+        assert_eq!(l.continuing(10, 1), Some(0.0));
+        // None began 11: no answer, not a certain end.
+        assert_eq!(l.continuing(11, 1), None);
+        // A session that has begun no turn yet is asked as one beginning its first.
+        assert_eq!(l.continuing(0, 2), l.continuing(1, 2));
+    }
+
+    #[test]
+    fn only_the_most_recent_sessions_are_remembered() {
+        let mut l = Lifetimes::default();
+        for _ in 0..REMEMBERED {
+            l.record(30);
+        }
+        assert_eq!(l.continuing(20, 5), Some(1.0));
+        for _ in 0..REMEMBERED {
+            l.record(3);
+        }
+        assert_eq!(l.longest(), 3);
+        assert_eq!(l.continuing(20, 5), None);
+        assert_eq!(l.by_finish.len(), REMEMBERED);
+        assert_eq!(l.sorted.len(), REMEMBERED);
+    }
+}
