@@ -184,6 +184,11 @@ fn the_figures_reach_the_prometheus_text() {
         "kvgate_working_set_capacity_tokens 1000",
         "kvgate_working_set_tokens 640",
         "kvgate_working_set_window_seconds 1",
+        // 600 tokens prefilled at 1000 tokens/s in the 1 s the turn took.
+        "kvgate_working_set_prefill_share 0.6",
+        // No tool gap seen yet: a 1 s cycle against a 1 s window, stretched
+        // by 1 / (1 - 0.6).
+        "kvgate_working_set_horizon_turns 2",
     ] {
         assert!(text.contains(line), "missing `{line}` in\n{text}");
     }
