@@ -722,6 +722,10 @@ static void run(const scenario *sc) {
            and nobody went in for running cold paying. */
         CHECK(st.working_set_holding == 1);
         CHECK(st.admissions_running_cold_pays == 0);
+        /* Turns were reported with their cached tokens: prefill's share of
+           the engine is measured, and the horizon is at least a turn. */
+        CHECK(st.working_set_prefill_share > 0.0 && st.working_set_prefill_share <= 0.9);
+        CHECK(st.working_set_horizon_turns >= 1);
         CHECK(st.prefix_probe_calls == 0);
         /* With a 30 s poll fallback, every wake-up was a targeted one. */
         CHECK(l->timer_wakes == 0);
