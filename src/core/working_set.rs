@@ -1153,9 +1153,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// ahead. Measured (judge, seeds 1-5): on the real-engine benchmark with
     /// fitted step costs (p about 0.6, 3 turns a window) 1.059x the best
     /// cap without the stretch, 1.037x with it; on the GPU scenarios (p
-    /// 0.05-0.15) nothing moves but `poisson` (0.981 to 0.990); the built-in
-    /// `real-engine`, whose placeholder costs make a turn mostly decoding
-    /// yet measure p about 0.5, loses (0.920 to 0.981). On the real engine
+    /// 0.05-0.15) nothing moves but `poisson` (0.981 to 0.990) and
+    /// `staggered` (0.975 to 0.981; on held-out seeds 6-10, 0.972 to 0.990);
+    /// the built-in `real-engine`, whose placeholder costs make a turn
+    /// mostly decoding yet measure p about 0.5, loses (0.920 to 0.981; on
+    /// seeds 6-10, 0.951 to 0.977). On the real engine
     /// (24 sessions x 10 turns, quiet machine): without the stretch the
     /// horizon was 1-2 turns there (a 2.2 s window against 1.5 s cycles)
     /// and kvgate ran 1.06x and 1.09x cap-3 in two runs; with it, 3-5 turns
