@@ -867,11 +867,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         mean / block * block
     }
 
-    /// A session's own tokens out of `footprint`: the shared prefix it
-    /// showed on its first turn is already counted once.
+    /// The own tokens ([`own_tokens`]) out of `footprint` of the session at `s`.
     fn own(&self, s: Slot, footprint: u64) -> u64 {
-        let credit = self.sessions[s].history.shared_credit;
-        footprint.saturating_sub(credit.min(self.shared_prefix))
+        own_tokens(&self.sessions[s].history, footprint, self.shared_prefix)
     }
 
     fn footprint(&self, s: Slot, prompt_len: u64) -> u64 {
@@ -1056,9 +1054,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let footprint = round_up(prompt_len.saturating_add(output), block);
         m.in_flight += 1;
         if footprint > m.footprint {
-            let credit = h.shared_credit.min(shared_prefix);
-            let own_old = m.footprint.saturating_sub(credit);
-            self.own_sum = self.own_sum - own_old + footprint.saturating_sub(credit);
+            let own_old = own_tokens(h, m.footprint, shared_prefix);
+            self.own_sum = self.own_sum - own_old + own_tokens(h, footprint, shared_prefix);
             m.footprint = footprint;
         }
         h.last_prompt = prompt_len;
@@ -1207,8 +1204,12 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// - assuming, before any session finishes, that every member runs the
     ///   whole horizon: fitted 1.054.
     fn fits_ahead(&mut self, joining: Slot, need: u64) -> bool {
+        // Asked first: it needs no `exp` (the horizon's gap mean does).
+        if self.lifetimes.is_empty() {
+            return true;
+        }
         let horizon = self.horizon_turns();
-        if horizon < 2 || self.lifetimes.is_empty() {
+        if horizon < 2 {
             return true;
         }
         // Nobody has run past the longest life seen: further ahead only the
@@ -1540,7 +1541,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         h.gap_open = true;
         let keeps_window = keeps_window(&h.gaps, refill);
         let footprint = round_up(prompt_len + output, block);
-        let own_new = footprint.saturating_sub(h.shared_credit.min(shared_prefix));
+        let own_new = own_tokens(h, footprint, shared_prefix);
         self.own_sum = self.own_sum - own_old + own_new;
         // A member whose turn ends has it in flight, so is not listed
         // between turns: asked here, the call to unlink it is skipped, 12 of
@@ -2029,6 +2030,13 @@ fn expected_output(h: &History, mean_output: f64) -> u64 {
     } else {
         mean_output as u64
     }
+}
+
+/// A session's own tokens out of `footprint`: the shared prefix it showed
+/// on its first turn (its credit, at most the `shared_prefix` counted once
+/// for every session) is not its own.
+fn own_tokens(h: &History, footprint: u64, shared_prefix: u64) -> u64 {
+    footprint.saturating_sub(h.shared_credit.min(shared_prefix))
 }
 
 /// `tokens` rounded up to whole blocks of `block` tokens.
