@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use crate::policy::Policy;
 use crate::scenario::Scenario;
-use crate::simulation::{CapacityProbe, HostPrompt};
+use crate::simulation::{CapacityProbe, HostFinish, HostPrompt};
 
 /// Parsed options.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +29,7 @@ pub struct Options {
     pub capacity_probe: Option<CapacityProbe>,
     /// Overrides what every scenario's host tells the gate of a prompt.
     pub host_prompt: Option<HostPrompt>,
+    pub host_finish: Option<HostFinish>,
 }
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
@@ -41,8 +42,8 @@ kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and 
 USAGE:
     kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--sweep]
     kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
-    (either form also takes --capacity-probe full|no-rate|usage-only
-     and --host-prompt tokens|length)
+    (either form also takes --capacity-probe full|no-rate|usage-only,
+     --host-prompt tokens|length and --host-finish told|untold)
     kvgate-sim --fit-steps STEPS.csv
 
 OPTIONS:
@@ -71,6 +72,10 @@ OPTIONS:
                    gate sketches to see how far it begins like the session's last) or
                    length (an event-loop host that passes only its length)
                    [default: the scenario's, tokens]
+    --host-finish F
+                   whether the hosts tell the gate when a session ends: told (after its
+                   last turn) or untold (a proxy that sees only requests: the gate forgets
+                   a session after its idle retention) [default: the scenario's, told]
     --fit-steps F  fit beta0..beta2 (beta3 with a context_tokens column) to a real engine's
                    step timings (the CSV of real_engine.py --steps-csv) and print them
     -h, --help     this text";
@@ -89,6 +94,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         fit_steps: None,
         capacity_probe: None,
         host_prompt: None,
+        host_finish: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -122,6 +128,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
                 o.capacity_probe = Some(CapacityProbe::parse(&value("--capacity-probe")?)?)
             }
             "--host-prompt" => o.host_prompt = Some(HostPrompt::parse(&value("--host-prompt")?)?),
+            "--host-finish" => o.host_finish = Some(HostFinish::parse(&value("--host-finish")?)?),
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
     }
@@ -212,6 +219,9 @@ mod tests {
         let o = parse(args("--host-prompt length")).unwrap().unwrap();
         assert_eq!(o.host_prompt, Some(HostPrompt::Length));
         assert!(parse(args("--host-prompt ids")).is_err());
+        let o = parse(args("--host-finish untold")).unwrap().unwrap();
+        assert_eq!(o.host_finish, Some(HostFinish::Untold));
+        assert!(parse(args("--host-finish never")).is_err());
     }
 
     #[test]

@@ -71,6 +71,9 @@ fn load(o: &Options, name: &str) -> Result<Scenario, String> {
     if let Some(prompt) = o.host_prompt {
         scenario.deployment.host_prompt = prompt;
     }
+    if let Some(finish) = o.host_finish {
+        scenario.deployment.host_finish = finish;
+    }
     Ok(scenario)
 }
 
@@ -101,6 +104,9 @@ fn run_judge(o: &Options, names: &[String], out_root: &std::path::Path) -> Resul
     }
     if let Some(prompt) = o.host_prompt {
         println!("  every host tells the gate a prompt's {prompt:?}");
+    }
+    if let Some(finish) = o.host_finish {
+        println!("  every host's session end: {finish:?} to the gate");
     }
     for p in &policies {
         println!("  {:<32} {}", p.name, p.describe());

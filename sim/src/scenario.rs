@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::engine::{EngineConfig, StepCost};
 use crate::policy::{Policy, PolicyEntry};
-use crate::simulation::{CapacityProbe, Deployment, HostPrompt};
+use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt};
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
@@ -64,6 +64,9 @@ struct File {
     /// What the host tells the gate of each prompt: `tokens` or `length`.
     #[serde(default)]
     host_prompt: HostPrompt,
+    /// Whether the host tells the gate when a session ends: `told` or `untold`.
+    #[serde(default)]
+    host_finish: HostFinish,
     #[serde(default)]
     engine: EngineFile,
     workload: WorkloadConfig,
@@ -187,6 +190,7 @@ impl Scenario {
                 time_limit_ns: secs_to_ns(f.time_limit_s),
                 capacity_probe: f.capacity_probe,
                 host_prompt: f.host_prompt,
+                host_finish: f.host_finish,
             },
             workload: f.workload,
             policies,

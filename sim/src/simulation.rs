@@ -41,6 +41,34 @@ pub struct Deployment {
     pub capacity_probe: CapacityProbe,
     /// What the host tells the gate of each prompt.
     pub host_prompt: HostPrompt,
+    /// Whether the host tells the gate when a session ends.
+    pub host_finish: HostFinish,
+}
+
+/// Whether a host tells the gate that a session ended: an agent framework
+/// that drives its sessions knows (and the real-engine benchmark says so),
+/// an OpenAI-compatible proxy sees only requests (`vllm serve` with the
+/// gate, without the final-turn header): the gate then forgets a session
+/// once it has been idle for the core's `session_retention`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostFinish {
+    /// `finish_session` after each session's last turn.
+    #[default]
+    Told,
+    /// Never: sessions are forgotten after the idle retention.
+    Untold,
+}
+
+impl HostFinish {
+    /// Parses `told` or `untold`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "told" => Ok(Self::Told),
+            "untold" => Ok(Self::Untold),
+            other => Err(format!("host finish `{other}`: expected told or untold")),
+        }
+    }
 }
 
 /// What a host tells the gate of a turn's prompt: the blocking C API,
@@ -702,7 +730,7 @@ impl Sim<'_> {
         self.sessions_done += 1;
         self.last_finish_ns = self.now;
         self.start_next_wave(self.workload.sessions[s].wave);
-        if let Some(gate) = self.gate.as_ref() {
+        if let (Some(gate), HostFinish::Told) = (self.gate.as_ref(), self.deployment.host_finish) {
             gate.finish_session(s, self.now);
         }
         if let Some(slot) = self.sessions[s].router_slot {

@@ -40,6 +40,22 @@ impl Lifetimes {
         self.sorted.insert(at, turns);
     }
 
+    /// Takes back the most recent record of a session that ran `turns`
+    /// turns: one presumed ended ([`super::silences`]) asked again.
+    pub(crate) fn take_back(&mut self, turns: u32) {
+        let Some(at) = self.by_finish.iter().rposition(|&t| t == turns) else {
+            return;
+        };
+        self.by_finish.remove(at);
+        let at = self.sorted.partition_point(|&t| t < turns);
+        self.sorted.remove(at);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn by_finish_len(&self) -> usize {
+        self.by_finish.len()
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.sorted.is_empty()
     }
@@ -52,6 +68,18 @@ impl Lifetimes {
     /// Remembered sessions that ran at least `turns` turns.
     fn lasting(&self, turns: u32) -> usize {
         self.sorted.len() - self.sorted.partition_point(|&t| t < turns)
+    }
+
+    /// Whether sessions end after `turns` turns: at least half of those
+    /// remembered ran that many, and none ran more. A session that has run
+    /// the longest life seen is not taken to end there unless most did:
+    /// where lifetimes vary, the longest seen keeps being outlived.
+    pub(crate) fn ends_after(&self, turns: u32) -> bool {
+        if self.sorted.is_empty() {
+            return false;
+        }
+        let reached = self.lasting(turns.max(1));
+        reached > 0 && 2 * reached >= self.sorted.len() && self.lasting(turns.max(1) + 1) == 0
     }
 
     /// The chance that a session that has begun `started` turns begins
@@ -98,6 +126,45 @@ mod tests {
         assert_eq!(l.continuing(11, 1), None);
         // A session that has begun no turn yet is asked as one beginning its first.
         assert_eq!(l.continuing(0, 2), l.continuing(1, 2));
+    }
+
+    #[test]
+    fn sessions_end_where_most_ended_and_none_went_on() {
+        let mut l = Lifetimes::default();
+        assert!(!l.ends_after(1), "nothing known");
+        for _ in 0..4 {
+            l.record(10);
+        }
+        assert!(l.ends_after(10));
+        assert!(!l.ends_after(9), "they went on");
+        assert!(!l.ends_after(11), "none got as far");
+        for t in [3, 4, 5, 6, 7] {
+            l.record(t);
+        }
+        assert!(
+            !l.ends_after(10),
+            "4 of 9 got as far: the longest seen, not where sessions end"
+        );
+        let mut single = Lifetimes::default();
+        single.record(1);
+        assert!(single.ends_after(1));
+        assert!(single.ends_after(0), "asked before a turn, as after one");
+    }
+
+    #[test]
+    fn a_record_taken_back_no_longer_counts() {
+        let mut l = Lifetimes::default();
+        for t in [3, 5, 3] {
+            l.record(t);
+        }
+        l.take_back(3);
+        assert_eq!(l.by_finish, [3, 5], "the most recent 3 is taken back");
+        assert_eq!(l.sorted, [3, 5]);
+        l.take_back(4);
+        assert_eq!(l.sorted, [3, 5], "nothing recorded, nothing taken");
+        l.take_back(5);
+        l.take_back(3);
+        assert!(l.is_empty());
     }
 
     #[test]

@@ -31,6 +31,7 @@ mod lifetimes;
 mod prefill_share;
 pub mod prompt;
 pub(crate) mod sessions;
+mod silences;
 pub(crate) mod stats;
 pub(crate) mod timers;
 pub(crate) mod waiters;

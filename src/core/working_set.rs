@@ -64,6 +64,7 @@ use slab::Slab;
 use super::lifetimes::Lifetimes;
 use super::prefill_share::PrefillShare;
 use super::prompt::PromptSketch;
+use super::silences::Silences;
 
 /// The working set's map of sessions hashes with FxHash (rustc-hash): its
 /// keys come hashed already (the ledger's `SessionId` writes the session
@@ -430,6 +431,9 @@ struct History {
     /// choice, so its duration and its misses say nothing of a hot turn or
     /// of the capacity.
     turn_cold: bool,
+    /// It was presumed ended after a long quiet ([`Silences`]): its turn
+    /// count is among the lifetimes until it asks again.
+    presumed_ended: bool,
 }
 
 /// Sessions that left the working set (parked, window over, finished),
@@ -649,6 +653,8 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     usage_samples: VecDeque<f64>,
     /// How many turns the sessions that finished ran.
     lifetimes: Lifetimes,
+    /// Releases of turns, for ends presumed while the host tells none.
+    silences: Silences,
     /// The share of the engine's time spent prefilling, from turn reports.
     prefill_share: PrefillShare,
     /// The members' (and a joining session's) figures for
@@ -694,6 +700,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             parked: 0,
             usage_samples: VecDeque::new(),
             lifetimes: Lifetimes::default(),
+            silences: Silences::default(),
             prefill_share: PrefillShare::default(),
             ahead: Vec::new(),
         }
@@ -975,6 +982,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if let Some(grant) = self.sessions[s].history.grant.take() {
             return grant;
         }
+        self.take_back_presumed_end(s);
         self.learn_growth(s, prompt_len);
         if self.sessions[s].member.is_some() {
             return self.member_request(s, prompt_len, sketch, now);
@@ -984,7 +992,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let first_turn_credit =
             (self.sessions[s].history.turns == 0).then(|| self.expected_first_hit());
         let h = &mut self.sessions[s].history;
-        end_gap(h, now, &mut self.mean_ln_gap);
+        end_gap(h, now, &mut self.mean_ln_gap, &mut self.silences);
         h.queued_prompt = prompt_len;
         if let Some(credit) = first_turn_credit {
             h.shared_credit = credit;
@@ -1043,7 +1051,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             history, member, ..
         } = &mut self.sessions[s];
         let (h, m) = (history, member.as_mut().expect("a member asks"));
-        end_gap(h, now, &mut self.mean_ln_gap);
+        end_gap(h, now, &mut self.mean_ln_gap, &mut self.silences);
         h.queued_prompt = prompt_len;
         // Only a member's turn has an expectation (and only it is compared
         // with the last sketch): read before the sketch is replaced.
@@ -1397,7 +1405,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Forgets what was learned of an idle session the host no longer
     /// tracks (the core retires its record): bounds memory.
     pub fn forget(&mut self, key: &K, now: u64) {
-        self.finish(key, now);
+        self.end(key, now);
     }
 
     /// Which stay of `key` in the working set a turn admitted now belongs
@@ -1539,7 +1547,12 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         h.last_output = output;
         h.released_at = now;
         h.gap_open = true;
-        let keeps_window = keeps_window(&h.gaps, refill);
+        // While ends are only presumed: sessions end after this many turns
+        // (most ran exactly as many), so its room is not held for a turn
+        // that is likely not coming. A host that tells ends says so right
+        // after the last turn.
+        let keeps_window = keeps_window(&h.gaps, refill)
+            && (self.silences.is_told() || !self.lifetimes.ends_after(h.turns));
         let footprint = round_up(prompt_len + output, block);
         let own_new = own_tokens(h, footprint, shared_prefix);
         self.own_sum = self.own_sum - own_old + own_new;
@@ -1563,6 +1576,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.idle.remove(&mut self.sessions, s);
         }
         self.idle.insert(&mut self.sessions, s);
+        self.silences.released(s, now);
         if between_turns && !keeps_window {
             self.leave(s, now, true);
         }
@@ -1594,6 +1608,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             h.last_output = report.output_tokens.unwrap_or(h.last_output);
             h.released_at = now;
             h.gap_open = true;
+            self.silences.released(s, now);
         }
         // As every release, it ends the windows over at `now` (learning may
         // have shortened them).
@@ -1674,12 +1689,21 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// An attempt of it still waiting (finishing cancels no attempt) keeps
     /// its place in line, as a new session's.
     pub fn finish(&mut self, key: &K, now: u64) {
+        self.silences.told();
+        self.end(key, now);
+    }
+
+    /// The session at `key` ended, told or forgotten.
+    fn end(&mut self, key: &K, now: u64) {
         let Some(&s) = self.slots.get(key) else {
             // As leaving does, whoever leaves.
             self.prune_ghosts();
             return;
         };
-        self.lifetimes.record(self.sessions[s].history.turns);
+        let h = &self.sessions[s].history;
+        if !h.presumed_ended {
+            self.lifetimes.record(h.turns);
+        }
         self.leave(s, now, false);
         let h = &mut self.sessions[s].history;
         if h.queued.is_some() {
@@ -1750,6 +1774,46 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         // Leaving drops the member from the index: each pass makes progress.
         while let Some((_, s)) = self.first_window_end().filter(|(until, _)| *until <= now) {
             self.leave(s, now, true);
+        }
+        self.presume_ends(now);
+    }
+
+    /// Presumes ended the sessions quiet for long enough at `now`
+    /// ([`Silences`]), while the host has told no end: each one's turn
+    /// count joins the lifetimes (taken back if it asks again). Quiet for
+    /// that long, a session has left the working set at its window's end
+    /// already; one still in it (a window longer than the quiet needed)
+    /// leaves as a session that will come back.
+    fn presume_ends(&mut self, now: u64) {
+        while let Some((at, s)) = self.silences.pop_due(now, self.window_ns()) {
+            let Some(session) = self.sessions.get(s) else {
+                continue;
+            };
+            let h = &session.history;
+            // Asked since (or a newer turn ended: it is listed again), or
+            // the slot is another session's now.
+            let quiet = h.gap_open && h.released_at == at && h.queued.is_none();
+            if !quiet
+                || h.presumed_ended
+                || session.member.as_ref().is_some_and(|m| m.in_flight > 0)
+            {
+                continue;
+            }
+            self.lifetimes.record(h.turns);
+            self.sessions[s].history.presumed_ended = true;
+            if self.sessions[s].member.is_some() {
+                self.leave(s, now, true);
+            }
+        }
+    }
+
+    /// A session presumed ended asked again: its turn count leaves the lifetimes.
+    #[inline]
+    fn take_back_presumed_end(&mut self, s: Slot) {
+        let h = &mut self.sessions[s].history;
+        if h.presumed_ended {
+            h.presumed_ended = false;
+            self.lifetimes.take_back(h.turns);
         }
     }
 
@@ -2047,11 +2111,12 @@ fn round_up(tokens: u64, block: u64) -> u64 {
 /// Ends the session's tool gap, if one is open, at `now`: it is
 /// remembered with the session's gaps and its log folded into
 /// `mean_ln_gap`, the mean over every session.
-fn end_gap(h: &mut History, now: u64, mean_ln_gap: &mut f64) {
+fn end_gap(h: &mut History, now: u64, mean_ln_gap: &mut f64, silences: &mut Silences) {
     if h.turns > 0 && h.gap_open {
         h.gap_open = false;
         let gap = now.saturating_sub(h.released_at);
         h.gaps.push(gap);
+        silences.gap(gap);
         // A floor of 1 ms keeps the log finite (a host that asks again
         // at once).
         *mean_ln_gap = running_mean(*mean_ln_gap, (gap.max(1_000_000) as f64).ln());
@@ -2446,6 +2511,76 @@ mod tests {
         ws.finish(&"x", t);
         assert_eq!(ws.lifetimes.longest(), 3);
         assert_eq!(ws.lifetimes.continuing(2, 1), Some(1.0));
+    }
+
+    #[test]
+    fn while_no_end_is_told_a_long_quiet_is_presumed_an_end_and_taken_back_on_return() {
+        let mut ws = set();
+        let t = run_turns(&mut ws, "x", 3, 0, S / 10, 0);
+        // Quiet for less than four windows (1 s here; no longer gap seen).
+        ws.expire(t + 4 * S - 1);
+        assert!(ws.lifetimes.is_empty());
+        ws.expire(t + 4 * S);
+        assert_eq!(ws.lifetimes.longest(), 3, "presumed ended after 3 turns");
+        assert_eq!(ws.stats().members, 0);
+        // It asks again: it had not ended.
+        ws.request(&"x", 400, t + 5 * S);
+        assert!(ws.lifetimes.is_empty(), "taken back");
+        ws.release(&"x", 400, report(300, 0), t + 5 * S, t + 6 * S);
+        // The gap it took (5 s) now sets the quiet needed: 20 s.
+        ws.expire(t + 6 * S + 20 * S - 1);
+        assert!(ws.lifetimes.is_empty());
+        ws.expire(t + 6 * S + 20 * S);
+        assert_eq!(ws.lifetimes.longest(), 4);
+        // Told ends count once, presumed or not.
+        ws.finish(&"x", t + 30 * S);
+        assert_eq!(ws.lifetimes.by_finish_len(), 1);
+        ws.audit().unwrap();
+    }
+
+    #[test]
+    fn once_the_host_tells_an_end_nothing_is_presumed() {
+        let mut ws = set();
+        let t = run_turns(&mut ws, "x", 2, 0, S / 10, 0);
+        ws.finish(&"x", t);
+        let t = run_turns(&mut ws, "y", 2, t, S / 10, 0);
+        ws.expire(t + 100 * S);
+        assert_eq!(ws.lifetimes.by_finish_len(), 1, "only x's told end");
+    }
+
+    #[test]
+    fn while_ends_are_presumed_a_session_at_the_usual_last_turn_keeps_no_window() {
+        // Turns of 0.1 s, tools of 0.1 s: windows are kept.
+        let mut ws = set();
+        let mut t = 0;
+        for key in ["x", "y"] {
+            t = run_turns(&mut ws, key, 2, t, S / 10, 0);
+            ws.expire(t + 4 * S);
+            t += 4 * S;
+        }
+        assert!(ws.lifetimes.ends_after(2));
+        t = run_turns(&mut ws, "a", 1, t, S / 10, 0);
+        assert_eq!(
+            ws.stats().members,
+            1,
+            "a keeps its window after its first turn"
+        );
+        t = run_turns(&mut ws, "a", 1, t + S / 10, S / 10, 0) + 1;
+        ws.expire(t);
+        assert_eq!(
+            ws.stats().members,
+            0,
+            "after its second, sessions end: no window"
+        );
+        // A host that tells ends gets the window kept until it says so.
+        let mut told = set();
+        let mut t = run_turns(&mut told, "x", 2, 0, S / 10, 0);
+        told.finish(&"x", t);
+        t = run_turns(&mut told, "a", 2, t, S / 10, 0) + 1;
+        told.expire(t);
+        assert_eq!(told.stats().members, 1);
+        told.audit().unwrap();
+        ws.audit().unwrap();
     }
 
     #[test]
