@@ -17,7 +17,7 @@ Policies (comma-separated; `;` also separates, so knob lists may use `,` after `
 - `kvgate` / `kvgate:knob=value,...`: each turn acquires a lease of the `kvgate`
   package (`Gate.acquire_sync` on the session's thread; usage and prefix probes
   served by the engine between steps), released when the turn finishes; the
-  session is finished after its last turn. Each `knob=value` is a
+  session is finished after its last turn (never, with `--untold-ends`). Each `knob=value` is a
   `kvgate.Config` field (kvgate_vllm.knobs: `admission_mode=reference`,
   `high_watermark=0.2`, ...); unset knobs are the library's defaults. Capacity
   (the capacity probe) and per-turn cached tokens go through
@@ -52,6 +52,11 @@ import kvgate
 from kvgate_vllm import feedback, knobs, prefill_rate
 from kvgate_vllm.engine import core_of, make_engine, sampling
 from kvgate_vllm.workload import Workload
+
+
+# Whether kvgate is told when a session ends (`--untold-ends`: as a proxy that
+# sees only requests, e.g. `vllm serve` without the final-turn header).
+TELL_ENDS = True
 
 
 @dataclasses.dataclass
@@ -277,7 +282,8 @@ class KvgateAdmission(Admission):
         return reason, lease.wait_sec, lambda out: feedback.release(lease, None if out is None else feedback.figures_of(out))
 
     def session_end(self, s: int) -> None:
-        self.gate.finish_session(f"agent-{s}")
+        if TELL_ENDS:
+            self.gate.finish_session(f"agent-{s}")
         self.loop.call(lambda: self.loop.core.kvgate_forget(f"agent-{s}"))
 
     def reasons(self) -> dict[str, int]:
@@ -423,7 +429,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps-csv", help="write every engine step: policy, time, duration vs prefill/decode tokens")
     ap.add_argument("--json", help="write the results as JSON")
+    ap.add_argument("--untold-ends", action="store_true",
+                    help="never call finish_session: kvgate presumes ends from silence, as behind a proxy")
     args = ap.parse_args()
+    global TELL_ENDS
+    TELL_ENDS = not args.untold_ends
     workload = Workload(sessions=args.sessions, turns=args.turns, seed=args.seed)
     engine_kwargs = {"size": args.model, "num_blocks": args.blocks, "max_num_batched_tokens": args.max_num_batched_tokens}
     print(f"workload {workload}; engine {engine_kwargs}; kvgate {kvgate.version()} ({kvgate.loaded_path()})", flush=True)
