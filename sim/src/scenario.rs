@@ -242,6 +242,21 @@ mod tests {
     }
 
     #[test]
+    fn the_real_engine_fitted_files_parse_with_their_fitted_costs() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../integrations/vllm/bench");
+        for (file, beta1_us) in [
+            ("real-engine-fitted.toml", 322.0),
+            ("real-engine-fitted-fast.toml", 71.2),
+        ] {
+            let path = dir.join(file);
+            let s = Scenario::load(path.to_str().unwrap()).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(s.name, file.trim_end_matches(".toml"));
+            assert_eq!(s.deployment.engine.capacity_tokens(), 399 * 32);
+            assert_eq!(s.deployment.engine.cost.beta1_us, beta1_us, "{file}");
+        }
+    }
+
+    #[test]
     fn unknown_fields_and_bad_values_are_refused() {
         let base = BUILT_IN[0].1;
         assert!(Scenario::parse(&format!("{base}\nbogus = 1\n")).is_err());
