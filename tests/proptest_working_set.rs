@@ -100,6 +100,16 @@ proptest! {
         run(ops, Tuning { cold_margin: f64::INFINITY, ..Tuning::default() })?;
     }
 
+    /// A host that never says a session ended (a proxy): ends are presumed
+    /// after long quiets and taken back when the session asks again.
+    #[test]
+    fn the_ledger_keeps_its_rules_when_the_host_tells_no_ends(
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        let untold = ops.into_iter().filter(|o| !matches!(o, Op::Finish(_))).collect();
+        run(untold, Tuning::default())?;
+    }
+
     #[test]
     fn the_ledger_keeps_its_rules_when_running_cold_may_pay(
         ops in proptest::collection::vec(op(), 1..120),

@@ -1956,6 +1956,18 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if self.member_count > 0 && self.ghosts.keys().any(|k| self.is_member(k)) {
             return Err("a member is also a ghost".into());
         }
+        // A session presumed ended has asked nothing since its last turn:
+        // its next request takes the presumption back before anything else.
+        let asked = |r: &Session<K>| {
+            r.history.queued.is_some() || r.member.as_ref().is_some_and(|m| m.in_flight > 0)
+        };
+        if self
+            .sessions
+            .iter()
+            .any(|(_, r)| r.history.presumed_ended && asked(r))
+        {
+            return Err("a session presumed ended is waiting or in flight".into());
+        }
         self.ghosts.audit()
     }
 
