@@ -1576,7 +1576,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.idle.remove(&mut self.sessions, s);
         }
         self.idle.insert(&mut self.sessions, s);
-        self.silences.released(s, now);
         if between_turns && !keeps_window {
             self.leave(s, now, true);
         }
@@ -1608,7 +1607,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             h.last_output = report.output_tokens.unwrap_or(h.last_output);
             h.released_at = now;
             h.gap_open = true;
-            self.silences.released(s, now);
+            self.silences.left(s, now, now);
         }
         // As every release, it ends the windows over at `now` (learning may
         // have shortened them).
@@ -1728,7 +1727,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             let key = self.sessions[s].key.clone();
             self.ghosts.insert(released, own, key);
         }
-        self.sessions[s].history.returning = returning;
+        let h = &mut self.sessions[s].history;
+        h.returning = returning;
+        if returning && h.gap_open {
+            self.silences.left(s, h.released_at, now);
+        }
         self.prune_ghosts();
     }
 
@@ -1772,38 +1775,34 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Ends the windows that are over at `now`.
     pub fn expire(&mut self, now: u64) {
         // Leaving drops the member from the index: each pass makes progress.
-        while let Some((_, s)) = self.first_window_end().filter(|(until, _)| *until <= now) {
-            self.leave(s, now, true);
+        while let Some((until, s)) = self.first_window_end().filter(|(until, _)| *until <= now) {
+            // It left when its window ended, however late this is asked.
+            self.leave(s, until, true);
         }
         self.presume_ends(now);
     }
 
     /// Presumes ended the sessions quiet for long enough at `now`
     /// ([`Silences`]), while the host has told no end: each one's turn
-    /// count joins the lifetimes (taken back if it asks again). Quiet for
-    /// that long, a session has left the working set at its window's end
-    /// already; one still in it (a window longer than the quiet needed)
-    /// leaves as a session that will come back.
+    /// count joins the lifetimes (taken back if it asks again). Only
+    /// sessions that left the working set between turns are listed, and
+    /// one can come back in only by asking, so none of them is a member.
     fn presume_ends(&mut self, now: u64) {
-        while let Some((at, s)) = self.silences.pop_due(now, self.window_ns()) {
+        while let Some(gone) = self.silences.pop_due(now, self.window_ns()) {
+            let s = gone.slot;
             let Some(session) = self.sessions.get(s) else {
                 continue;
             };
             let h = &session.history;
-            // Asked since (or a newer turn ended: it is listed again), or
-            // the slot is another session's now.
-            let quiet = h.gap_open && h.released_at == at && h.queued.is_none();
-            if !quiet
-                || h.presumed_ended
-                || session.member.as_ref().is_some_and(|m| m.in_flight > 0)
-            {
+            // Asked since (or a newer turn ended), or the slot is another
+            // session's now.
+            let quiet = h.gap_open && h.released_at == gone.released_at && h.queued.is_none();
+            if !quiet || h.presumed_ended {
                 continue;
             }
+            debug_assert!(session.member.is_none(), "only sessions outside are listed");
             self.lifetimes.record(h.turns);
             self.sessions[s].history.presumed_ended = true;
-            if self.sessions[s].member.is_some() {
-                self.leave(s, now, true);
-            }
         }
     }
 
@@ -2529,23 +2528,25 @@ mod tests {
     fn while_no_end_is_told_a_long_quiet_is_presumed_an_end_and_taken_back_on_return() {
         let mut ws = set();
         let t = run_turns(&mut ws, "x", 3, 0, S / 10, 0);
-        // Quiet for less than four windows (1 s here; no longer gap seen).
-        ws.expire(t + 4 * S - 1);
-        assert!(ws.lifetimes.is_empty());
-        ws.expire(t + 4 * S);
-        assert_eq!(ws.lifetimes.longest(), 3, "presumed ended after 3 turns");
+        // Its window (1 s here) ends at t + 1 s; then it must be quiet for
+        // four windows (no longer gap seen), however late this is asked.
+        ws.expire(t + 5 * S - 1);
         assert_eq!(ws.stats().members, 0);
-        // It asks again: it had not ended.
-        ws.request(&"x", 400, t + 5 * S);
-        assert!(ws.lifetimes.is_empty(), "taken back");
-        ws.release(&"x", 400, report(300, 0), t + 5 * S, t + 6 * S);
-        // The gap it took (5 s) now sets the quiet needed: 20 s.
-        ws.expire(t + 6 * S + 20 * S - 1);
         assert!(ws.lifetimes.is_empty());
-        ws.expire(t + 6 * S + 20 * S);
+        ws.expire(t + 5 * S);
+        assert_eq!(ws.lifetimes.longest(), 3, "presumed ended after 3 turns");
+        // It asks again: it had not ended.
+        ws.request(&"x", 400, t + 6 * S);
+        assert!(ws.lifetimes.is_empty(), "taken back");
+        ws.release(&"x", 400, report(300, 0), t + 6 * S, t + 7 * S);
+        // The gap it took (6 s) now sets the quiet needed: 24 s after its
+        // window ends at t + 8 s.
+        ws.expire(t + 8 * S + 24 * S - 1);
+        assert!(ws.lifetimes.is_empty());
+        ws.expire(t + 8 * S + 24 * S);
         assert_eq!(ws.lifetimes.longest(), 4);
         // Told ends count once, presumed or not.
-        ws.finish(&"x", t + 30 * S);
+        ws.finish(&"x", t + 40 * S);
         assert_eq!(ws.lifetimes.by_finish_len(), 1);
         ws.audit().unwrap();
     }
