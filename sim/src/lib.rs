@@ -15,6 +15,7 @@ pub mod judge;
 pub mod metrics;
 pub mod plots;
 pub mod policy;
+pub mod prefill_rate;
 pub mod report;
 pub mod scenario;
 pub mod simulation;

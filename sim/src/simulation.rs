@@ -22,6 +22,7 @@ use crate::policy::progress_ttl::ProgressTtl;
 use crate::policy::router::Router;
 use crate::policy::thunderagent::ThunderAgent;
 use crate::policy::{Policy, PolicyKind, ProbeTarget};
+use crate::prefill_rate::StepRates;
 use crate::workload::{Start, Workload};
 use kvgate::core::LeaseToken;
 use kvgate::{EngineCapacity, TurnReport};
@@ -102,7 +103,7 @@ impl HostPrompt {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CapacityProbe {
-    /// KV tokens, block size and the best prefill rate measured.
+    /// KV tokens, block size and the prefill rate measured (the median of recent mostly-prefill steps).
     #[default]
     Full,
     /// KV tokens and block size, no prefill rate (a host that cannot time its steps).
@@ -195,8 +196,8 @@ struct Sim<'a> {
     workload: &'a Workload,
     policy: &'a Policy,
     replicas: Vec<Replica>,
-    /// Per replica, the best prefill rate its steps showed (tokens/s).
-    best_prefill_rate: Vec<f64>,
+    /// Per replica, the prefill rates its steps showed.
+    prefill_rates: Vec<StepRates>,
     kick_pending: Vec<bool>,
     queued_probes: Vec<Vec<(u64, ProbeKind, usize)>>,
     router: Router,
@@ -260,7 +261,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         deployment: *deployment,
         workload,
         policy,
-        best_prefill_rate: vec![0.0; deployment.replicas],
+        prefill_rates: vec![StepRates::default(); deployment.replicas],
         replicas: (0..deployment.replicas)
             .map(|_| Replica::new(deployment.engine, pinning))
             .collect(),
@@ -480,13 +481,13 @@ impl Sim<'_> {
     fn answer_probe(&mut self, replica: usize, id: u64, kind: ProbeKind, session: usize) {
         let r = &self.replicas[replica];
         // The capacity probe is answered with usage, as the engine knows it:
-        // its KV tokens, block size, and the best prefill rate it measured.
+        // its KV tokens, block size, and the prefill rate it measured.
         let capacity = (kind == ProbeKind::Usage).then(|| {
             let e = self.deployment.engine;
             let (tokens, block, rate) = (
                 e.capacity_tokens() as u64,
                 e.block_size as u32,
-                self.best_prefill_rate[replica],
+                self.prefill_rates[replica].median(),
             );
             // 0 is what the probe answers for a figure it cannot tell.
             match self.deployment.capacity_probe {
@@ -643,12 +644,13 @@ impl Sim<'_> {
         for f in &plan.first_scheduled {
             self.sessions[f.session].first_scheduled = Some((self.now, f.hit_tokens));
         }
-        // What an engine can measure of its own prefill rate: the best
-        // throughput of a step that was mostly prefill (a quarter of the
-        // token budget or more), as the vLLM plugin does from step timings.
+        // What an engine can measure of its own prefill rate: the median
+        // throughput of its recent steps that were mostly prefill (a quarter
+        // of the token budget or more), as the vLLM plugin does from step
+        // timings (`crate::prefill_rate`).
         if plan.prefill_tokens * 4 >= self.deployment.engine.max_num_batched_tokens {
             let rate = plan.prefill_tokens as f64 / (plan.duration_ns.max(1) as f64 / 1e9);
-            self.best_prefill_rate[r] = self.best_prefill_rate[r].max(rate);
+            self.prefill_rates[r].record(rate);
         }
         self.events
             .push(self.now + plan.duration_ns, Event::StepDone(r));

@@ -1607,7 +1607,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             h.last_output = report.output_tokens.unwrap_or(h.last_output);
             h.released_at = now;
             h.gap_open = true;
-            self.silences.left(s, now, now);
+            self.silences.left(s, now);
         }
         // As every release, it ends the windows over at `now` (learning may
         // have shortened them).
@@ -1730,7 +1730,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let h = &mut self.sessions[s].history;
         h.returning = returning;
         if returning && h.gap_open {
-            self.silences.left(s, h.released_at, now);
+            self.silences.left(s, h.released_at);
         }
         self.prune_ghosts();
     }
@@ -2528,22 +2528,21 @@ mod tests {
     fn while_no_end_is_told_a_long_quiet_is_presumed_an_end_and_taken_back_on_return() {
         let mut ws = set();
         let t = run_turns(&mut ws, "x", 3, 0, S / 10, 0);
-        // Its window (1 s here) ends at t + 1 s; then it must be quiet for
-        // four windows (no longer gap seen), however late this is asked.
-        ws.expire(t + 5 * S - 1);
+        // It leaves when its window (1 s here) ends, and must be quiet for
+        // two windows from its release (no longer gap seen).
+        ws.expire(t + 2 * S - 1);
         assert_eq!(ws.stats().members, 0);
         assert!(ws.lifetimes.is_empty());
-        ws.expire(t + 5 * S);
+        ws.expire(t + 2 * S);
         assert_eq!(ws.lifetimes.longest(), 3, "presumed ended after 3 turns");
         // It asks again: it had not ended.
-        ws.request(&"x", 400, t + 6 * S);
+        ws.request(&"x", 400, t + 3 * S);
         assert!(ws.lifetimes.is_empty(), "taken back");
-        ws.release(&"x", 400, report(300, 0), t + 6 * S, t + 7 * S);
-        // The gap it took (6 s) now sets the quiet needed: 24 s after its
-        // window ends at t + 8 s.
-        ws.expire(t + 8 * S + 24 * S - 1);
+        ws.release(&"x", 400, report(300, 0), t + 3 * S, t + 4 * S);
+        // The gap it took (3 s) now sets the quiet needed: 6 s.
+        ws.expire(t + 4 * S + 6 * S - 1);
         assert!(ws.lifetimes.is_empty());
-        ws.expire(t + 8 * S + 24 * S);
+        ws.expire(t + 4 * S + 6 * S);
         assert_eq!(ws.lifetimes.longest(), 4);
         // Told ends count once, presumed or not.
         ws.finish(&"x", t + 40 * S);

@@ -241,7 +241,7 @@ class KvgateAdmission(Admission):
         def capacity_now(sid: bytes) -> kvgate.Capacity:
             # The blocks never change; the engine's measured prefill rate is a
             # float the engine thread writes and this reads (one dict lookup).
-            return capacity._replace(prefill_tokens_per_sec=prefill_rate.best_rate(core))
+            return capacity._replace(prefill_tokens_per_sec=prefill_rate.typical_rate(core))
 
         self.gate = kvgate.Gate(
             knobs.config(config),

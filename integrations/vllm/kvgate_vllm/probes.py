@@ -139,7 +139,7 @@ def kvgate_capacity(self: Any) -> dict[str, Any]:
         "block_size": block_size,
         "capacity_tokens": int(pool.num_gpu_blocks) * block_size,
         "usable_tokens": (int(pool.num_gpu_blocks) - 1) * block_size,
-        "prefill_tokens_per_sec": prefill_rate.best_rate(self),
+        "prefill_tokens_per_sec": prefill_rate.typical_rate(self),
     }
 
 
