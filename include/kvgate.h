@@ -1304,7 +1304,7 @@ kvgate_status kvgate_attempt_begin_with_prompt(struct kvgate_gate *gate,
  * Answers a `KVGATE_STEP_PROBE_USAGE` step: the engine's KV-cache usage in
  * [0, 1] (NaN when unavailable; out of range counts as unavailable), and
  * for working-set admission its capacity as `kvgate_capacity_fn` answers
- * it (tokens, tokens per block, best prefill tokens per second; 0 for any
+ * it (tokens, tokens per block, measured prefill tokens per second; 0 for any
  * figure unknown, all three 0 when the engine cannot say). Writes the next
  * step to `*out_step`.
  *

@@ -65,8 +65,9 @@ OPTIONS:
     --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
     --capacity-probe P
                    what the engines tell the gate's capacity probe: full (KV tokens, block
-                   size, best prefill rate), no-rate (KV tokens and block size only), usage-only
-                   (nothing: the gate has the usage gauge) [default: the scenario's, full]
+                   size, the median prefill rate of recent steps), no-rate (KV tokens and
+                   block size only), usage-only (nothing: the gate has the usage gauge)
+                   [default: the scenario's, full]
     --host-prompt H
                    what the hosts tell the gate of each prompt: tokens (its ids, which the
                    gate sketches to see how far it begins like the session's last) or

@@ -9,8 +9,8 @@ calls on the `EngineCore` object:
   the engine's own figure: blocks referenced by running requests).
 - `kvgate_capacity()` -> dict: `num_gpu_blocks`, `block_size`, `capacity_tokens`
   (num_gpu_blocks x block_size), `usable_tokens` (minus the null block) and
-  `prefill_tokens_per_sec` (the best prefill rate the engine's steps showed,
-  0 before any; kvgate_vllm.prefill_rate).
+  `prefill_tokens_per_sec` (the median prefill rate of the engine's recent
+  mostly-prefill steps, 0 before any; kvgate_vllm.prefill_rate).
 - `kvgate_prefix(prompt_ids, lora=None, cache_salt=None, session=None)` ->
   [hit_tokens, num_tokens]: the prefix the engine would reuse for this prompt
   now. Block hashes come from the engine's own `request_block_hasher` (its
