@@ -18,10 +18,13 @@ use std::collections::VecDeque;
 const REMEMBERED: usize = 64;
 
 /// The prefill throughput of the last [`REMEMBERED`] steps that were
-/// mostly prefill, tokens/s.
+/// mostly prefill, tokens/s, and their median, kept up to date as steps
+/// are recorded (the plugin does the same): every capacity probe reads it,
+/// and probes come far more often than such steps.
 #[derive(Debug, Default, Clone)]
 pub struct StepRates {
     recent: VecDeque<f64>,
+    median: f64,
 }
 
 impl StepRates {
@@ -31,17 +34,15 @@ impl StepRates {
             self.recent.pop_front();
         }
         self.recent.push_back(rate);
+        let mut sorted: Vec<f64> = self.recent.iter().copied().collect();
+        sorted.sort_by(f64::total_cmp);
+        self.median = sorted[sorted.len() / 2];
     }
 
     /// The median of the steps remembered (the upper one of an even
     /// count); 0 before any.
     pub fn median(&self) -> f64 {
-        if self.recent.is_empty() {
-            return 0.0;
-        }
-        let mut sorted: Vec<f64> = self.recent.iter().copied().collect();
-        sorted.sort_by(f64::total_cmp);
-        sorted[sorted.len() / 2]
+        self.median
     }
 }
 

@@ -75,11 +75,9 @@ impl Lifetimes {
     /// the longest life seen is not taken to end there unless most did:
     /// where lifetimes vary, the longest seen keeps being outlived.
     pub(crate) fn ends_after(&self, turns: u32) -> bool {
-        if self.sorted.is_empty() {
-            return false;
-        }
-        let reached = self.lasting(turns.max(1));
-        reached > 0 && 2 * reached >= self.sorted.len() && self.lasting(turns.max(1) + 1) == 0
+        let turns = turns.max(1);
+        let reached = self.lasting(turns);
+        reached > 0 && 2 * reached >= self.sorted.len() && self.lasting(turns + 1) == 0
     }
 
     /// The chance that a session that has begun `started` turns begins

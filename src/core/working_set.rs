@@ -653,7 +653,8 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     usage_samples: VecDeque<f64>,
     /// How many turns the sessions that finished ran.
     lifetimes: Lifetimes,
-    /// Releases of turns, for ends presumed while the host tells none.
+    /// Sessions that left between turns, for ends presumed while the host
+    /// tells none.
     silences: Silences,
     /// The share of the engine's time spent prefilling, from turn reports.
     prefill_share: PrefillShare,

@@ -54,11 +54,6 @@ from kvgate_vllm.engine import core_of, make_engine, sampling
 from kvgate_vllm.workload import Workload
 
 
-# Whether kvgate is told when a session ends (`--untold-ends`: as a proxy that
-# sees only requests, e.g. `vllm serve` without the final-turn header).
-TELL_ENDS = True
-
-
 @dataclasses.dataclass
 class Turn:
     session: int
@@ -232,7 +227,11 @@ class FixedCap(Admission):
 
 
 class KvgateAdmission(Admission):
-    def __init__(self, loop: EngineLoop, config: dict[str, Any]) -> None:
+    def __init__(self, loop: EngineLoop, config: dict[str, Any], tell_ends: bool) -> None:
+        # Whether kvgate is told when a session ends (`--untold-ends`: not, as
+        # behind a proxy that sees only requests, e.g. `vllm serve` without
+        # the final-turn header).
+        self.tell_ends = tell_ends
         self.loop = loop
         core = loop.core
         capacity = feedback.capacity_of(core.kvgate_capacity())  # asked on the engine thread, before it runs
@@ -282,7 +281,7 @@ class KvgateAdmission(Admission):
         return reason, lease.wait_sec, lambda out: feedback.release(lease, None if out is None else feedback.figures_of(out))
 
     def session_end(self, s: int) -> None:
-        if TELL_ENDS:
+        if self.tell_ends:
             self.gate.finish_session(f"agent-{s}")
         self.loop.call(lambda: self.loop.core.kvgate_forget(f"agent-{s}"))
 
@@ -304,17 +303,18 @@ class KvgateAdmission(Admission):
         self.gate.close()
 
 
-def make_admission(policy: str, loop: EngineLoop) -> Admission:
+def make_admission(policy: str, loop: EngineLoop, tell_ends: bool) -> Admission:
     if policy == "none":
         return Admission()
     if policy.startswith("cap-"):
         return FixedCap(int(policy[4:]))
     if policy == "kvgate" or policy.startswith("kvgate:"):
-        return KvgateAdmission(loop, parse_knobs(policy))
+        return KvgateAdmission(loop, parse_knobs(policy), tell_ends)
     raise SystemExit(f"unknown policy {policy!r}: none, cap-K, kvgate[:knob=value,...]")
 
 
-def run_policy(policy: str, workload: Workload, engine_kwargs: dict[str, Any], steps_out: list[StepRow]) -> dict[str, Any]:
+def run_policy(policy: str, workload: Workload, engine_kwargs: dict[str, Any], steps_out: list[StepRow],
+               tell_ends: bool = True) -> dict[str, Any]:
     engine = make_engine(**engine_kwargs)
     warm = list(range(3, 3 + 600))  # warm-up (first-step costs), outside the makespan; evicted by the run
     engine.add_request("warm-up", {"prompt_token_ids": warm}, sampling(8))
@@ -323,7 +323,7 @@ def run_policy(policy: str, workload: Workload, engine_kwargs: dict[str, Any], s
     engine.reset_prefix_cache()
     steps: list[StepRow] = []
     loop = EngineLoop(engine, steps)
-    admission = make_admission(policy, loop)
+    admission = make_admission(policy, loop, tell_ends)
     turns: list[Turn] = []
     turns_lock = threading.Lock()
     errors: list[BaseException] = []
@@ -432,8 +432,6 @@ def main() -> None:
     ap.add_argument("--untold-ends", action="store_true",
                     help="never call finish_session: kvgate presumes ends from silence, as behind a proxy")
     args = ap.parse_args()
-    global TELL_ENDS
-    TELL_ENDS = not args.untold_ends
     workload = Workload(sessions=args.sessions, turns=args.turns, seed=args.seed)
     engine_kwargs = {"size": args.model, "num_blocks": args.blocks, "max_num_batched_tokens": args.max_num_batched_tokens}
     print(f"workload {workload}; engine {engine_kwargs}; kvgate {kvgate.version()} ({kvgate.loaded_path()})", flush=True)
@@ -441,7 +439,7 @@ def main() -> None:
     rows: list[tuple[str, StepRow]] = []
     for policy in parse_policies(args.policies):
         steps: list[StepRow] = []
-        r = run_policy(policy, workload, engine_kwargs, steps)
+        r = run_policy(policy, workload, engine_kwargs, steps, tell_ends=not args.untold_ends)
         rows.extend((policy, s) for s in steps)
         results.append(r)
         print(f"{policy}: {r['makespan_sec']:.1f} s, hit rate {100 * r['hit_rate']:.1f}%, prefilled {r['prefilled_tokens']:,}, "
