@@ -30,6 +30,7 @@ mod ledger;
 mod lifetimes;
 mod prefill_share;
 pub mod prompt;
+mod rotation_budget;
 pub(crate) mod sessions;
 mod silences;
 pub(crate) mod stats;
