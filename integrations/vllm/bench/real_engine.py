@@ -30,7 +30,10 @@ p99 turn latency (wait included) and the longest wait, admissions by reason, for
 kvgate the mean and max of its working-set gauges (sampled every 0.5 s; the samples
 go to the JSON), and the best fixed cap. `--steps-csv` writes every engine
 step (duration vs scheduled prefill and decode tokens) for the simulator's
-step-time fit; `--json` writes the results.
+step-time fit; `--json` writes the results, with every turn (`turn_rows`: session,
+turn, prompt and cached tokens, wait, admission reason, when it asked) to see
+where tokens were re-prefilled (a turn's prompt less its cached tokens, beyond
+what it added since its last turn).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Turn:
     latency_sec: float  # admission wait + engine time
     wait_sec: float
     reason: str
+    start_sec: float  # when the turn asked to be admitted, from the run's start
 
 
 @dataclasses.dataclass
@@ -344,7 +348,8 @@ def run_policy(policy: str, workload: Workload, engine_kwargs: dict[str, Any], s
                     raise
                 release(out)
                 with turns_lock:
-                    turns.append(Turn(s, t, len(prompt), int(out.num_cached_tokens or 0), n_out, time.perf_counter() - start, wait, reason))
+                    turns.append(Turn(s, t, len(prompt), int(out.num_cached_tokens or 0), n_out,
+                                      time.perf_counter() - start, wait, reason, start - t0))
                 if t + 1 < workload.turns:
                     sec, result = script.tool_call()
                     time.sleep(sec)
@@ -399,6 +404,7 @@ def run_policy(policy: str, workload: Workload, engine_kwargs: dict[str, Any], s
         "working_set_gauges": gauges,
         "turns": len(turns),
         "steps": len(steps),
+        "turn_rows": [dataclasses.asdict(t) for t in sorted(turns, key=lambda t: t.start_sec)],
     }
 
 
