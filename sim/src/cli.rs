@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use crate::policy::Policy;
 use crate::scenario::Scenario;
 use crate::simulation::{CapacityProbe, HostFinish, HostPrompt};
+use crate::variation::Variation;
 
 /// Parsed options.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +31,8 @@ pub struct Options {
     /// Overrides what every scenario's host tells the gate of a prompt.
     pub host_prompt: Option<HostPrompt>,
     pub host_finish: Option<HostFinish>,
+    /// Runs each scenario under these variations instead of as written.
+    pub vary: Option<Vec<Variation>>,
 }
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
@@ -43,7 +46,7 @@ USAGE:
     kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--sweep]
     kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
     (either form also takes --capacity-probe full|no-rate|usage-only,
-     --host-prompt tokens|length and --host-finish told|untold)
+     --host-prompt tokens|length, --host-finish told|untold and --vary LIST)
     kvgate-sim --fit-steps STEPS.csv
 
 OPTIONS:
@@ -77,6 +80,10 @@ OPTIONS:
                    whether the hosts tell the gate when a session ends: told (after its
                    last turn) or untold (a proxy that sees only requests: the gate forgets
                    a session after its idle retention) [default: the scenario's, told]
+    --vary L       run each scenario varied instead of as written: kv-half, kv-double
+                   (its KV blocks), tools-x5, tools-x0.2 (its tool calls' durations),
+                   out-x4 (its output tokens), sessions-x2, comma-separated, or all;
+                   the varied scenario is named <scenario>~<variation>
     --fit-steps F  fit beta0..beta2 (beta3 with a context_tokens column) to a real engine's
                    step timings (the CSV of real_engine.py --steps-csv) and print them
     -h, --help     this text";
@@ -96,6 +103,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         capacity_probe: None,
         host_prompt: None,
         host_finish: None,
+        vary: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -130,6 +138,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             }
             "--host-prompt" => o.host_prompt = Some(HostPrompt::parse(&value("--host-prompt")?)?),
             "--host-finish" => o.host_finish = Some(HostFinish::parse(&value("--host-finish")?)?),
+            "--vary" => o.vary = Some(Variation::parse_list(&value("--vary")?)?),
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
     }
@@ -223,6 +232,12 @@ mod tests {
         let o = parse(args("--host-finish untold")).unwrap().unwrap();
         assert_eq!(o.host_finish, Some(HostFinish::Untold));
         assert!(parse(args("--host-finish never")).is_err());
+        let o = parse(args("--vary kv-half,sessions-x2")).unwrap().unwrap();
+        assert_eq!(
+            o.vary,
+            Some(vec![Variation::HalfCache, Variation::TwiceTheSessions])
+        );
+        assert!(parse(args("--vary kv")).is_err());
     }
 
     #[test]

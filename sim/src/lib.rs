@@ -20,6 +20,7 @@ pub mod report;
 pub mod scenario;
 pub mod simulation;
 pub mod sweep;
+pub mod variation;
 pub mod workload;
 
 use metrics::RunResult;

@@ -10,7 +10,7 @@ use kvgate_sim::cli::{self, Options, USAGE};
 use kvgate_sim::policy::Policy;
 use kvgate_sim::scenario::{Scenario, BUILT_IN};
 use kvgate_sim::workload::Workload;
-use kvgate_sim::{bound, compare, fit, judge, plots, report, sweep};
+use kvgate_sim::{bound, compare, fit, judge, plots, report, sweep, variation};
 
 fn main() -> ExitCode {
     let options = match cli::parse(std::env::args().skip(1)) {
@@ -45,12 +45,12 @@ fn run(o: &Options) -> Result<(), String> {
     } else {
         vec![o.scenario.clone()]
     };
+    let scenarios = load_all(o, &names)?;
     let out_root = o.out.clone().unwrap_or_else(default_out);
     if o.judge {
-        return run_judge(o, &names, &out_root);
+        return run_judge(o, scenarios, &out_root);
     }
-    for name in names {
-        let scenario = load(o, &name)?;
+    for scenario in scenarios {
         let (policies, with_cap_best) = select(&scenario, o.policies.as_deref())?;
         let seed = o.seed.unwrap_or(scenario.seed);
         if o.sweep {
@@ -60,6 +60,31 @@ fn run(o: &Options) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The scenarios named, each under every variation the command line names
+/// (instead of as written), or as written.
+fn load_all(o: &Options, names: &[String]) -> Result<Vec<Scenario>, String> {
+    let mut scenarios = Vec::new();
+    for name in names {
+        let scenario = load(o, name)?;
+        match &o.vary {
+            Some(variations) => {
+                let seeds = match (o.judge, &o.seeds) {
+                    (true, Some(seeds)) => seeds.clone(),
+                    (true, None) => (1..=5).collect(),
+                    (false, _) => vec![o.seed.unwrap_or(scenario.seed)],
+                };
+                let (varied, skipped) = variation::vary(&scenario, variations, &seeds)?;
+                for why in skipped {
+                    println!("skipped {why}");
+                }
+                scenarios.extend(varied);
+            }
+            None => scenarios.push(scenario),
+        }
+    }
+    Ok(scenarios)
 }
 
 /// A scenario, with the command line's capacity probe if it names one.
@@ -77,11 +102,11 @@ fn load(o: &Options, name: &str) -> Result<Scenario, String> {
     Ok(scenario)
 }
 
-fn run_judge(o: &Options, names: &[String], out_root: &std::path::Path) -> Result<(), String> {
-    let scenarios = names
-        .iter()
-        .map(|n| load(o, n))
-        .collect::<Result<Vec<_>, _>>()?;
+fn run_judge(
+    o: &Options,
+    scenarios: Vec<Scenario>,
+    out_root: &std::path::Path,
+) -> Result<(), String> {
     let specs = match &o.policies {
         Some(list) => list.clone(),
         None => cli::split_policies(cli::JUDGE_POLICIES),

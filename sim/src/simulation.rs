@@ -222,15 +222,28 @@ struct Sim<'a> {
     wave_waiters: Vec<Vec<(usize, usize)>>,
 }
 
+/// Whether the longest request of `workload` fits one replica's KV cache
+/// (vLLM rejects a request that cannot; [`run`] requires it).
+pub fn longest_request_fits(deployment: &Deployment, workload: &Workload) -> Result<(), String> {
+    let max = workload.max_request_tokens();
+    let engine = &deployment.engine;
+    if max.div_ceil(engine.block_size) < engine.num_gpu_blocks {
+        Ok(())
+    } else {
+        Err(format!(
+            "the longest request ({max} tokens) cannot fit one replica's KV cache ({} blocks of {})",
+            engine.num_gpu_blocks, engine.block_size
+        ))
+    }
+}
+
 /// Runs one policy over `workload` on `deployment`. Deterministic.
 pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> RunResult {
     let started = Instant::now();
     let n = workload.sessions.len();
-    let max = workload.max_request_tokens();
-    assert!(
-        max.div_ceil(deployment.engine.block_size) < deployment.engine.num_gpu_blocks,
-        "the longest request ({max} tokens) cannot fit one replica's KV cache"
-    );
+    if let Err(e) = longest_request_fits(deployment, workload) {
+        panic!("{e}");
+    }
     let pinning = matches!(policy.kind, PolicyKind::TtlPin { .. });
     let gate = match &policy.kind {
         PolicyKind::Kvgate { config, .. } => {

@@ -9,11 +9,12 @@
 //! at a time. It did not when many sessions queued together (the bound
 //! counts from queueing): once the first reached it, every head behind it
 //! was past it too, and every member release parked the next member for
-//! the next head, a rotation per turn. Measured in the simulator (judge,
-//! seeds 1-3) on the fitted real-engine workload with half its cache (200
-//! blocks of 32; a session's last prompt is 70% of it): 1.073x the best
-//! cap's makespan, one seed 1.143x, with forced rotations on nearly every
-//! release.
+//! the next head, a rotation per turn. Measured in the simulator on the
+//! fitted real-engine workload with half its cache (200 blocks of 32; a
+//! session's last prompt is 70% of it; `kvgate-sim --judge --scenario
+//! integrations/vllm/bench/real-engine-fitted-fast.toml --vary all --seeds
+//! 1-3`): 1.073x the best cap's makespan, one seed 1.143x, with forced
+//! rotations on nearly every release.
 //!
 //! So the parks a past-bound head forces spend from a budget of tokens,
 //! refilled at `1 / B` of the engine's prefill rate and holding at most a
