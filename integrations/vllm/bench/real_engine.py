@@ -81,6 +81,7 @@ class StepRow:
     running: int
     waiting: int
     usage: float
+    context_tokens: int  # KV the step's requests attend over (their computed tokens after it)
 
 
 def parse_policies(spec: str) -> list[str]:
@@ -164,12 +165,13 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _prefill_decode(self, out: Any) -> tuple[int, int, int, int]:
-        """Scheduled tokens split into prompt (prefill) and decode, per request."""
+    def _prefill_decode(self, out: Any) -> tuple[int, int, int, int, int]:
+        """Scheduled tokens split into prompt (prefill) and decode, per request, and the
+        context they attend over (each scheduled request's computed tokens after the step)."""
         if out is None:
-            return 0, 0, 0, 0
+            return 0, 0, 0, 0, 0
         reqs = self.core.scheduler.requests
-        pf = dc = npf = ndc = 0
+        pf = dc = npf = ndc = ctx = 0
         for rid, n in out.num_scheduled_tokens.items():
             req = reqs.get(rid)
             after = req.num_computed_tokens if req is not None else n
@@ -178,7 +180,8 @@ class EngineLoop:
             p = max(0, min(after, prompt_len) - before)
             pf, dc = pf + p, dc + (n - p)
             npf, ndc = npf + (p > 0), ndc + (p == 0)
-        return pf, dc, npf, ndc
+            ctx += after
+        return pf, dc, npf, ndc, ctx
 
     def run(self, t0: float) -> None:
         engine, sched = self.engine, self.core.scheduler
@@ -190,10 +193,11 @@ class EngineLoop:
             start = time.perf_counter()
             outputs = engine.step()
             dur = time.perf_counter() - start
-            pf, dc, npf, ndc = self._prefill_decode(self._last_sched)
+            pf, dc, npf, ndc, ctx = self._prefill_decode(self._last_sched)
             if pf or dc:
                 self.steps.append(
-                    StepRow(start - t0, dur * 1e3, pf, dc, npf, ndc, len(sched.running), len(sched.waiting), self.core.kvgate_usage())
+                    StepRow(start - t0, dur * 1e3, pf, dc, npf, ndc, len(sched.running), len(sched.waiting),
+                            self.core.kvgate_usage(), ctx)
                 )
             for out in outputs:
                 if out.finished and out.request_id in self.pending:
