@@ -70,10 +70,10 @@ fn load_all(o: &Options, names: &[String]) -> Result<Vec<Scenario>, String> {
         let scenario = load(o, name)?;
         match &o.vary {
             Some(variations) => {
-                let seeds = match (o.judge, &o.seeds) {
-                    (true, Some(seeds)) => seeds.clone(),
-                    (true, None) => (1..=5).collect(),
-                    (false, _) => vec![o.seed.unwrap_or(scenario.seed)],
+                let seeds = if o.judge {
+                    judge_seeds(o)
+                } else {
+                    vec![o.seed.unwrap_or(scenario.seed)]
                 };
                 let (varied, skipped) = variation::vary(&scenario, variations, &seeds)?;
                 for why in skipped {
@@ -85,6 +85,11 @@ fn load_all(o: &Options, names: &[String]) -> Result<Vec<Scenario>, String> {
         }
     }
     Ok(scenarios)
+}
+
+/// The seeds `--judge` runs: the command line's, else 1-5.
+fn judge_seeds(o: &Options) -> Vec<u64> {
+    o.seeds.clone().unwrap_or_else(|| (1..=5).collect())
 }
 
 /// A scenario, with the command line's capacity probe if it names one.
@@ -116,7 +121,7 @@ fn run_judge(
         .filter(|s| *s != cli::CAP_BEST)
         .map(|s| Policy::parse(s))
         .collect::<Result<Vec<_>, _>>()?;
-    let seeds = o.seeds.clone().unwrap_or_else(|| (1..=5).collect());
+    let seeds = judge_seeds(o);
     let threads = threads();
     println!(
         "== judge: {} scenario(s) x seeds {:?} x {} policies + cap-best, against each seed's best cap and the lower bound ({threads} threads)",
