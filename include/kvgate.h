@@ -200,6 +200,13 @@ enum kvgate_reason
      * turns, prefill to spare), so nobody is held out.
      */
     KVGATE_REASON_RUNNING_COLD_PAYS = 7,
+    /**
+     * Working-set admission: no turn was in flight, and the engine had
+     * idled with sessions waiting at least as long as it had spent
+     * re-prefilling evicted prefixes (both measured), so the queue head
+     * went in, members between turns parked for it.
+     */
+    KVGATE_REASON_ENGINE_IDLE = 8,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -695,6 +702,22 @@ typedef struct kvgate_stats {
      * the horizon. 0 before any report, and in reference mode.
      */
     double working_set_prefill_share;
+    /**
+     * Admissions `KVGATE_REASON_ENGINE_IDLE`.
+     */
+    uint64_t admissions_engine_idle;
+    /**
+     * Gauge: engine time with no turn in flight while a session waited,
+     * seconds, decayed over the wait bound's horizon; 0 in reference mode.
+     */
+    double working_set_idle_sec;
+    /**
+     * Gauge: engine time spent re-prefilling what turns' sessions had
+     * cached before, seconds, decayed alike (`KVGATE_REASON_ENGINE_IDLE`
+     * admissions are made while `working_set_idle_sec` is ahead of it); 0
+     * in reference mode.
+     */
+    double working_set_reprefill_sec;
 } kvgate_stats;
 
 /**
@@ -773,8 +796,8 @@ const char *kvgate_status_str(uint32_t status);
 /**
  * The name of a reason: `"open"`, `"reserved_session"`,
  * `"prefix_probe_unavailable"`, `"resident_prefix"`, `"fits_working_set"`,
- * `"empty_working_set"`, `"wait_bound"`, `"running_cold_pays"`, or
- * `"unknown"`.
+ * `"empty_working_set"`, `"wait_bound"`, `"running_cold_pays"`,
+ * `"engine_idle"`, or `"unknown"`.
  *
  * Takes a plain `uint32_t` so that any value is safe to pass. The string is
  * static: never free it. Never returns NULL. Thread-safe.

@@ -18,14 +18,16 @@
 //! 170 `running_cold_pays` admissions in 384 cases).
 //!
 //! - **reasons**: every admission is `fits_working_set`, `empty_working_set`,
-//!   `wait_bound`, `reserved_session` or (defaults only) `running_cold_pays`
+//!   `wait_bound`, `reserved_session`, `engine_idle` or (defaults only)
+//!   `running_cold_pays`
 //!   (that it is decided only while not holding is checked on the ledger
 //!   itself, tests/proptest_working_set.rs: here the hand-over pass that
 //!   follows a head's admission in the same change may decide again, and
 //!   the gauge shows only the last answer); no prefix probe is ever asked; a
 //!   turn of a session in flight is admitted at once as `reserved_session`,
 //!   and only a session admitted before (since it last finished) is;
-//!   `empty_working_set` only while no other session has a turn in flight;
+//!   `empty_working_set` and `engine_idle` only while no other session has
+//!   a turn in flight;
 //! - **figures**: admissions by reason are the leases issued; attempts =
 //!   admissions + preempted + timed out + cancelled + closed + pending;
 //!   pending, leases held, releases, probe calls and waits are the
@@ -34,8 +36,8 @@
 //!   capacity over the prefill rate, the capacity stays within [½, 1] of
 //!   the engine's, `parked` only grows);
 //! - **capacity**: every session with a turn in flight is a member; right
-//!   after a `fits_working_set` admission (or a `wait_bound` one beside
-//!   other members) the working set's tokens are within its capacity (if
+//!   after a `fits_working_set` admission (or a `wait_bound` or
+//!   `engine_idle` one beside other members) the working set's tokens are within its capacity (if
 //!   it still holds sessions out: the hand-over pass ending the same change
 //!   may let others in for running cold); and
 //!   whenever they are over it, no member is between turns (one would have
@@ -99,11 +101,12 @@ fn engine() -> EngineCapacity {
     EngineCapacity::new(CAPACITY, BLOCK, RATE)
 }
 
-const WS_REASONS: [Reason; 4] = [
+const WS_REASONS: [Reason; 5] = [
     Reason::FitsWorkingSet,
     Reason::EmptyWorkingSet,
     Reason::WaitBound,
     Reason::ReservedSession,
+    Reason::EngineIdle,
 ];
 
 // ---------------------------------------------------------------------------
@@ -631,11 +634,28 @@ impl Harness {
                 ws.load_tokens,
                 ws.capacity_tokens
             ),
-            Reason::WaitBound if ws.members >= 2 && ws.holding => prop_assert!(
-                ws.load_tokens <= ws.capacity_tokens,
-                "wait_bound beside members overcommits: {} > {} ({ws:?})",
-                ws.load_tokens,
-                ws.capacity_tokens
+            Reason::WaitBound | Reason::EngineIdle if ws.members >= 2 && ws.holding => {
+                prop_assert!(
+                    ws.load_tokens <= ws.capacity_tokens,
+                    "{} beside members overcommits: {} > {} ({ws:?})",
+                    a.reason,
+                    ws.load_tokens,
+                    ws.capacity_tokens
+                );
+                if a.reason == Reason::EngineIdle {
+                    prop_assert_eq!(
+                        a.others_in_flight,
+                        0,
+                        "engine_idle for session {} while others have turns in flight",
+                        a.session
+                    );
+                }
+            }
+            Reason::EngineIdle => prop_assert_eq!(
+                a.others_in_flight,
+                0,
+                "engine_idle for session {} while others have turns in flight",
+                a.session
             ),
             Reason::EmptyWorkingSet => prop_assert_eq!(
                 a.others_in_flight,
@@ -1109,6 +1129,7 @@ struct Coverage {
     wait_bound: u64,
     reserved: u64,
     cold: u64,
+    engine_idle: u64,
     parked: u64,
     waits: u64,
     preempted: u64,
@@ -1125,6 +1146,7 @@ impl Coverage {
         self.wait_bound += s.admissions(Reason::WaitBound);
         self.reserved += s.admissions(Reason::ReservedSession);
         self.cold += s.admissions(Reason::RunningColdPays);
+        self.engine_idle += s.admissions(Reason::EngineIdle);
         self.parked += s.working_set.parked;
         self.waits += s.waits;
         self.preempted += s.preempted;
@@ -1176,6 +1198,7 @@ fn check_the_rules(name: &str, tuning: Tuning, cold: bool) {
             c.preempted,
             c.timed_out,
             c.cancelled,
+            c.engine_idle,
         ];
         if cold {
             reached.push(c.cold);

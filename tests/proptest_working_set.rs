@@ -86,6 +86,20 @@ fn admitted(
             }
         }
     }
+    if v == Verdict::EngineIdle {
+        // Let in only while nobody had a turn in flight.
+        let busy: Vec<_> = m
+            .doing
+            .iter()
+            .filter(|(o, d)| **o != s && matches!(d, Doing::InFlight { .. }))
+            .collect();
+        prop_assert!(
+            busy.is_empty(),
+            "{} admitted engine_idle beside {:?}",
+            s,
+            busy
+        );
+    }
     prop_assert!(ws.is_member(&s));
     m.doing.insert(s, Doing::InFlight { admitted_at: now });
     m.ran.insert(s);
@@ -166,7 +180,8 @@ fn run(ops: Vec<Op>, tuning: Tuning) -> Result<(), TestCaseError> {
                     }
                 } else {
                     running_cold(&ws, v)?;
-                    if v == Verdict::Fits || (v == Verdict::WaitBound && ws.stats().members > 1) {
+                    let parked_for_it = matches!(v, Verdict::WaitBound | Verdict::EngineIdle);
+                    if v == Verdict::Fits || (parked_for_it && ws.stats().members > 1) {
                         prop_assert!(
                             ws.load() <= capacity,
                             "an admission overcommits: {} > {}",

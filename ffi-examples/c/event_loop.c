@@ -734,12 +734,13 @@ static void run(const scenario *sc) {
                sc->name, sc->sessions, sc->turns, l->max_running, l->max_sleeping,
                l->threads_while_sleeping);
         printf("%s: reasons fits=%llu empty=%llu wait_bound=%llu reserved=%llu "
-               "running_cold_pays=%llu; parked=%llu\n",
+               "running_cold_pays=%llu engine_idle=%llu; parked=%llu\n",
                sc->name, (unsigned long long)st.admissions_fits_working_set,
                (unsigned long long)st.admissions_empty_working_set,
                (unsigned long long)st.admissions_wait_bound,
                (unsigned long long)st.admissions_reserved_session,
                (unsigned long long)st.admissions_running_cold_pays,
+               (unsigned long long)st.admissions_engine_idle,
                (unsigned long long)st.working_set_parked);
     } else {
         CHECK(st.prefix_probe_calls > 0);

@@ -193,6 +193,9 @@ class Stats:
     longest_wait_sec: float
     working_set_horizon_turns: int
     working_set_prefill_share: float
+    admissions_engine_idle: int
+    working_set_idle_sec: float
+    working_set_reprefill_sec: float
 
 
 @dataclasses.dataclass(frozen=True)

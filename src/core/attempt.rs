@@ -694,6 +694,7 @@ fn working_set_decision(verdict: Verdict) -> Decision {
         Verdict::Empty => Decision::Admit(Reason::EmptyWorkingSet),
         Verdict::WaitBound => Decision::Admit(Reason::WaitBound),
         Verdict::RunningColdPays => Decision::Admit(Reason::RunningColdPays),
+        Verdict::EngineIdle => Decision::Admit(Reason::EngineIdle),
         Verdict::Wait => Decision::Wait,
     }
 }

@@ -40,11 +40,16 @@ pub enum Reason {
     /// letting everyone run with a cold cache (tool calls long next to
     /// turns, prefill to spare), so nobody is held out.
     RunningColdPays = 7,
+    /// Working set: no turn was in flight, and the engine had idled with
+    /// sessions waiting at least as long as it had spent re-prefilling
+    /// evicted prefixes (both measured), so the queue head went in, members
+    /// between turns parked for it.
+    EngineIdle = 8,
 }
 
 impl Reason {
     /// All reasons, in their numeric order.
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::Open,
         Reason::ReservedSession,
         Reason::PrefixProbeUnavailable,
@@ -53,6 +58,7 @@ impl Reason {
         Reason::EmptyWorkingSet,
         Reason::WaitBound,
         Reason::RunningColdPays,
+        Reason::EngineIdle,
     ];
 
     /// The seed's name for the reason.
@@ -66,6 +72,7 @@ impl Reason {
             Reason::EmptyWorkingSet => "empty_working_set",
             Reason::WaitBound => "wait_bound",
             Reason::RunningColdPays => "running_cold_pays",
+            Reason::EngineIdle => "engine_idle",
         }
     }
 

@@ -106,6 +106,9 @@ impl Ledger {
         change: impl FnOnce(&mut WorkingSet<SessionId>) -> R,
     ) -> (R, Grants) {
         let mut set = self.set.lock();
+        // Before the change: the time since the last one ran in the state
+        // the last one left.
+        set.account_idle(now);
         let result = change(&mut set);
         let mut grants = Grants::default();
         set.admit_waiting_expired(now, &mut grants.sessions);
@@ -166,7 +169,7 @@ impl Ledger {
     pub(crate) fn withdraw(&self, id: &SessionId, now: u64) -> Grants {
         self.change(now, |set| {
             set.withdraw(id);
-            set.expire(now);
+            set.end_windows(now);
         })
         .1
     }
@@ -175,7 +178,7 @@ impl Ledger {
     pub(crate) fn finish(&self, id: &SessionId, now: u64) -> Grants {
         self.change(now, |set| {
             set.finish(id, now);
-            set.expire(now);
+            set.end_windows(now);
         })
         .1
     }
@@ -186,7 +189,7 @@ impl Ledger {
             if !set.is_member(id) && !set.is_waiting(id) {
                 set.forget(id, now);
             }
-            set.expire(now);
+            set.end_windows(now);
         })
         .1
     }
@@ -196,7 +199,7 @@ impl Ledger {
         if now < self.deadline.load(Ordering::SeqCst) {
             return Grants::default();
         }
-        self.change(now, |set| set.expire(now)).1
+        self.change(now, |set| set.end_windows(now)).1
     }
 
     /// The earliest time the working set changes by itself, or [`NEVER`].

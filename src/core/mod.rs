@@ -26,6 +26,7 @@
 
 mod attempt;
 pub(crate) mod decision;
+mod idle_balance;
 mod ledger;
 mod lifetimes;
 mod prefill_share;

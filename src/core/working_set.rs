@@ -17,6 +17,9 @@
 //!   queue head, nobody in the working set ───────────────────────────▶ admit "empty_working_set"
 //!   queue head, its footprint fits beside the members' ──────────────▶ admit "fits_working_set"
 //!   first new session, the head (returning) does not fit but it does ▶ admit "fits_working_set"
+//!   queue head, no turn in flight for as long as the member it displaces
+//!     takes to re-prefill, the engine idle with sessions waiting at least
+//!     as long as it re-prefilled (`idle_balance`): park members for it ▶ "engine_idle"
 //!   queue head, waited past the wait bound, the rotation budget paid off:
 //!     park members for it ───────────────────────────────────────────▶ admit "wait_bound"
 //!   otherwise ────────────────────────────────────────────────────────▶ wait
@@ -62,6 +65,7 @@ use std::hash::Hash;
 
 use slab::Slab;
 
+use super::idle_balance::IdleBalance;
 use super::lifetimes::Lifetimes;
 use super::prefill_share::PrefillShare;
 use super::prompt::PromptSketch;
@@ -180,6 +184,10 @@ pub enum Verdict {
     /// Holding sessions out does not pay now ([`WorkingSet::holding_pays`]):
     /// it goes in whether or not it fits.
     RunningColdPays,
+    /// No turn was in flight and the engine had idled with sessions waiting
+    /// at least as long as it had re-prefilled ([`super::idle_balance`]):
+    /// members between turns were parked for it.
+    EngineIdle,
     /// It waits in the queue.
     Wait,
 }
@@ -430,6 +438,10 @@ struct History {
     /// Tokens the turn in flight should hit (it stayed a member since its
     /// last turn); 0 when there is no such expectation.
     expect_hit: u64,
+    /// What the turn in progress could hit of what its previous prompt
+    /// and output put in the cache, tokens (whole blocks, never the
+    /// prompt's last token); 0 on a first turn.
+    could_hit: u64,
     /// The sketch of its last prompt, if its driver gave one.
     last_sketch: Option<PromptSketch>,
     /// Its turn in flight was admitted while the working set was not
@@ -596,6 +608,13 @@ pub struct WorkingSetStats {
     /// The measured share of the engine's time spent prefilling, which
     /// stretches the horizon (0 before any turn reports its cached tokens).
     pub prefill_share: f64,
+    /// Engine time, ns, spent with no turn in flight while a session waited,
+    /// decayed over the wait bound's horizon ([`super::idle_balance`]).
+    pub idle_with_waiters_ns: f64,
+    /// Engine time, ns, spent re-prefilling what turns' sessions had cached
+    /// before, decayed alike; `engine_idle` admissions are made while the
+    /// first is ahead.
+    pub reprefill_ns: f64,
 }
 
 /// The working set of one engine.
@@ -658,6 +677,9 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     /// What parks forced by the wait bound may still cost
     /// ([`super::rotation_budget`]).
     rotation_budget: RotationBudget,
+    /// Engine time lost idle with sessions waiting against engine time
+    /// spent re-prefilling ([`super::idle_balance`]).
+    idle_balance: IdleBalance,
     /// Capacity estimates from usage answers (only when the engine gives none).
     usage_samples: VecDeque<f64>,
     /// How many turns the sessions that finished ran.
@@ -709,6 +731,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             miss_rate: 0.0,
             parked: 0,
             rotation_budget: RotationBudget::default(),
+            idle_balance: IdleBalance::default(),
             usage_samples: VecDeque::new(),
             lifetimes: Lifetimes::default(),
             silences: Silences::default(),
@@ -932,6 +955,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// at `now`. A session already queued keeps its place (a retry does not
     /// lose it); a grant handed over while it slept is collected here.
     pub fn request(&mut self, key: &K, prompt_len: u64, now: u64) -> Verdict {
+        self.account_idle(now);
         self.request_in_stay(key, SlotHint::NONE, prompt_len, None, now)
             .0
     }
@@ -947,6 +971,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         sketch: Option<&PromptSketch>,
         now: u64,
     ) -> Verdict {
+        self.account_idle(now);
         self.request_in_stay(key, SlotHint::NONE, prompt_len, sketch, now)
             .0
     }
@@ -954,7 +979,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// [`WorkingSet::request_sketched`], and then the stay the turn belongs
     /// to ([`WorkingSet::membership`], if it was admitted, and the record's
     /// slot) from the same record: the core asks both on every pass. The
-    /// record is taken at `hint` if it is `key`'s there.
+    /// record is taken at `hint` if it is `key`'s there. The caller has
+    /// brought the idle balance up to `now` ([`WorkingSet::account_idle`]).
     pub(crate) fn request_in_stay(
         &mut self,
         key: &K,
@@ -963,7 +989,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         sketch: Option<&PromptSketch>,
         now: u64,
     ) -> (Verdict, Stay) {
-        self.expire(now);
+        self.end_windows(now);
         let s = self.slot_of(key, hint);
         let verdict = self.request_at(s, prompt_len, sketch, now);
         let stay = Stay {
@@ -992,6 +1018,12 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     ) -> Verdict {
         if let Some(grant) = self.sessions[s].history.grant.take() {
             return grant;
+        }
+        let block = self.block_tokens();
+        let h = &mut self.sessions[s].history;
+        if h.turns > 0 && h.gap_open {
+            let cached_before = (h.last_prompt + h.last_output).min(prompt_len.saturating_sub(1));
+            h.could_hit = cached_before / block * block;
         }
         self.take_back_presumed_end(s);
         self.learn_growth(s, prompt_len);
@@ -1292,6 +1324,15 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if fits(self) && self.fits_ahead(s, need) {
             return Verdict::Fits;
         }
+        // The engine has nothing to run while this head waits, and idling
+        // has cost more than re-prefilling ([`super::idle_balance`]): it
+        // goes in once the engine has been empty for as long as the member
+        // it displaces will take to re-prefill (ski rental: a short lull,
+        // as members' tool calls end, is not worth a displacement).
+        if self.idle_pays(need, now) {
+            while !fits(self) && self.park_lru(now, None) {}
+            return Verdict::EngineIdle;
+        }
         // Past the bound, members between turns make room for it, least
         // recently released first, for its turn and their next ones (not a
         // window ahead: the bound is a promise, and the room it takes is
@@ -1450,6 +1491,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Forgets what was learned of an idle session the host no longer
     /// tracks (the core retires its record): bounds memory.
     pub fn forget(&mut self, key: &K, now: u64) {
+        self.account_idle(now);
         self.end(key, now);
     }
 
@@ -1494,6 +1536,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         membership: u64,
         now: u64,
     ) {
+        self.account_idle(now);
         let slot = self.slots.get(key).copied();
         self.release_at(slot, prompt_len, report, admitted_at, membership, now);
     }
@@ -1544,7 +1587,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         now: u64,
     ) {
         if self.membership_at(slot) != membership {
-            self.expire(now);
+            self.end_windows(now);
             return;
         }
         match slot {
@@ -1624,7 +1667,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if between_turns && !keeps_window {
             self.leave(s, now, true);
         }
-        self.expire(now);
+        self.end_windows(now);
         self.shrink_to_fit(now, None);
     }
 
@@ -1656,7 +1699,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         }
         // As every release, it ends the windows over at `now` (learning may
         // have shortened them).
-        self.expire(now);
+        self.end_windows(now);
         if slot.is_some() {
             self.shrink_to_fit(now, None);
         }
@@ -1692,6 +1735,18 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return;
         };
         let h = &mut self.sessions[s].history;
+        if h.turns > 0 {
+            let rate = if self.engine.prefill_tokens_per_sec > 0.0 {
+                self.engine.prefill_tokens_per_sec
+            } else {
+                self.reported_rate
+            };
+            if rate > 0.0 {
+                let missed = h.could_hit.saturating_sub(cached);
+                self.idle_balance.reprefilled(missed as f64 / rate * 1e9);
+            }
+            h.could_hit = 0;
+        }
         if h.turns == 0 {
             h.shared_credit = cached;
             self.shared_prefix = self.shared_prefix.max(cached);
@@ -1733,6 +1788,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// An attempt of it still waiting (finishing cancels no attempt) keeps
     /// its place in line, as a new session's.
     pub fn finish(&mut self, key: &K, now: u64) {
+        self.account_idle(now);
         self.silences.told();
         self.end(key, now);
     }
@@ -1817,8 +1873,17 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         Some((released.saturating_add(self.window_ns()), first))
     }
 
-    /// Ends the windows that are over at `now`.
+    /// Ends the windows that are over at `now` (and brings the idle
+    /// balance up to it first, as every entry point does).
     pub fn expire(&mut self, now: u64) {
+        self.account_idle(now);
+        self.end_windows(now);
+    }
+
+    /// [`WorkingSet::expire`] inside a change whose entry point has already
+    /// brought the idle balance up to `now` (asking it again costs nothing
+    /// but instructions: a turn asks it at every request and release).
+    pub(crate) fn end_windows(&mut self, now: u64) {
         // Leaving drops the member from the index: each pass makes progress.
         while let Some((until, s)) = self.first_window_end().filter(|(until, _)| *until <= now) {
             // It left when its window ended, however late this is asked.
@@ -1877,10 +1942,87 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if self.queue.is_empty() {
             return window;
         }
-        match (window, self.wait_bound_end()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        self.next_deadline_with_waiters(window)
+    }
+
+    /// [`WorkingSet::next_deadline`] while sessions wait, given the first
+    /// window's end: out of line, as the answer above.
+    #[inline(never)]
+    fn next_deadline_with_waiters(&self, window: Option<u64>) -> Option<u64> {
+        [window, self.wait_bound_end(), self.idle_pays_at()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Whether the engine is empty (every member between turns, or none)
+    /// while a session waits.
+    fn empty_with_waiters(&self) -> bool {
+        !self.queue.is_empty() && self.idle.len == self.member_count
+    }
+
+    /// The time constant of [`IdleBalance`]'s decay, ns: the wait bound's
+    /// horizon, the span over which the working set answers for its
+    /// choices.
+    fn idle_balance_tau(&self) -> f64 {
+        self.wait_bound_ns() as f64
+    }
+
+    /// Brings the idle balance up to `now`; called before every change.
+    pub(crate) fn account_idle(&mut self, now: u64) {
+        let empty = self.empty_with_waiters();
+        // The bound's horizon (`idle_balance_tau`), worked out only when
+        // there is something to decay.
+        let (window, windows) = (self.window_ns(), self.tuning.wait_bound_windows);
+        self.idle_balance
+            .advance(now, empty, || ((window as f64 * windows) as u64) as f64);
+    }
+
+    /// Whether a queue head should go in because the engine is empty and
+    /// has idled more than it re-prefilled ([`super::idle_balance`]).
+    fn idle_pays(&self, need: u64, now: u64) -> bool {
+        if self.idle.len != self.member_count {
+            return false;
         }
+        let displaced = self.displacement_ns(need);
+        self.idle_balance.idle_ahead(displaced as f64)
+            && now >= self.idle_balance.empty_since().saturating_add(displaced)
+    }
+
+    /// What letting in a head that needs `need` tokens makes members
+    /// re-prefill, in engine time: the own tokens of the member it parks
+    /// first (0 if it fits).
+    fn displacement_ns(&self, need: u64) -> u64 {
+        if self.fits_beside_members(need) {
+            return 0;
+        }
+        let rate = self.prefill_rate();
+        let Some(first) = self.idle.first() else {
+            return 0;
+        };
+        if rate <= 0.0 {
+            return u64::MAX;
+        }
+        let own = self.own(first, self.sessions[first].member().footprint);
+        (own as f64 / rate * 1e9).min(u64::MAX as f64) as u64
+    }
+
+    /// When [`WorkingSet::idle_pays`] becomes true if nothing changes.
+    fn idle_pays_at(&self) -> Option<u64> {
+        if !self.empty_with_waiters() {
+            return None;
+        }
+        let &head = self.queue.values().next()?;
+        let need = self.need(head, self.sessions[head].history.queued_prompt);
+        let displaced = self.displacement_ns(need);
+        let stretch = self.idle_balance.empty_since().saturating_add(displaced);
+        let ahead = if self.idle_balance.idle_ahead(displaced as f64) {
+            Some(0)
+        } else {
+            self.idle_balance
+                .ahead_at(self.idle_balance_tau(), displaced as f64)
+        };
+        ahead.map(|at| at.max(stretch))
     }
 
     /// When the queue head reaches the wait bound, if it has not yet.
@@ -2126,6 +2268,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             holding: self.holding,
             horizon_turns: self.horizon_turns(),
             prefill_share: self.prefill_share.share(),
+            idle_with_waiters_ns: self.idle_balance.idle_ns(),
+            reprefill_ns: self.idle_balance.reprefill_ns(),
         }
     }
 }
@@ -2992,6 +3136,129 @@ mod tests {
         // b (released first) went, then a: c is alone with 500 tokens.
         assert_eq!(ws.stats().parked, 2);
         assert_eq!(ws.load(), 500);
+    }
+
+    /// Two members of 400 then 450 tokens (1000 tokens, refilled at
+    /// 1000/s): their first turns at 0 (a, then b beside it), their second
+    /// turns released at 0.3 s (a) and 0.35 s (b) with `cached` tokens of
+    /// the 400 their first turns left (a's, b's), and c asking for 400 at
+    /// 0.4 s. c does not fit; both windows run to 1.3 s and beyond.
+    fn both_members_in_tool_calls(cached: [Option<u64>; 2]) -> WorkingSet<&'static str> {
+        let mut ws = set();
+        assert_eq!(ws.request(&"a", 400, 0), Verdict::Empty);
+        assert_eq!(ws.request(&"b", 400, 0), Verdict::Fits);
+        ws.release(&"a", 400, report(0, 0), 0, S / 10);
+        ws.release(&"b", 400, report(0, 0), 0, S / 10);
+        assert_eq!(ws.request(&"a", 450, S / 5), Verdict::Member);
+        assert_eq!(ws.request(&"b", 450, S / 5), Verdict::Member);
+        ws.release(
+            &"a",
+            450,
+            TurnReport::new(cached[0], Some(0)),
+            S / 5,
+            3 * S / 10,
+        );
+        ws.release(
+            &"b",
+            450,
+            TurnReport::new(cached[1], Some(0)),
+            S / 5,
+            35 * S / 100,
+        );
+        assert_eq!(ws.request(&"c", 400, 4 * S / 10), Verdict::Wait);
+        ws
+    }
+
+    /// How long an engine empty from now must idle until its idle time
+    /// reaches the re-prefill measured so far plus `cost_ns` (both decayed
+    /// over the wait bound, 16 windows; the cost not), ns.
+    fn idle_catch_up(ws: &WorkingSet<&'static str>, cost_ns: f64) -> u64 {
+        let stats = ws.stats();
+        let tau = ((stats.window_ns as f64 * 16.0) as u64) as f64;
+        let behind = tau + stats.reprefill_ns - stats.idle_with_waiters_ns;
+        (tau * (behind / (tau - cost_ns)).ln()).ceil() as u64
+    }
+
+    #[test]
+    fn an_empty_engine_lets_the_head_in_once_idle_outweighs_re_prefill() {
+        // Nothing was re-prefilled (both second turns hit their 400): c goes
+        // in once the engine's idle time (decayed over the 16 s bound) has
+        // reached what letting it in costs: a's re-prefill (the member it
+        // parks, released first; 450 tokens at 1000/s), a little after
+        // 0.45 s of idling.
+        let mut ws = both_members_in_tool_calls([Some(400); 2]);
+        let at = 4 * S / 10 + idle_catch_up(&ws, 0.45e9);
+        assert!(at > 85 * S / 100 && at < 86 * S / 100, "{at}");
+        assert_eq!(ws.next_deadline(), Some(at));
+        let mut out = Vec::new();
+        ws.admit_waiting(at - 1_000, &mut out);
+        assert!(out.is_empty(), "a microsecond early: {out:?}");
+        ws.admit_waiting(at, &mut out);
+        assert_eq!(out, vec![("c", Verdict::EngineIdle)]);
+        assert_eq!(ws.stats().parked, 1, "a made room; b kept its window");
+        assert_eq!(ws.request(&"b", 500, at + 1), Verdict::Member);
+        assert_eq!(ws.request(&"a", 500, at + 1), Verdict::Wait, "a was parked");
+    }
+
+    #[test]
+    fn re_prefill_measured_holds_an_idle_head_back_until_idle_catches_up() {
+        // b's second turn missed 200 of its 400 tokens: 0.2 s re-prefilled
+        // (a little less by 0.4 s: it decays, as idle time does, over the
+        // 16 s bound). Idle must catch up with that and with a's re-prefill
+        // (0.45 s): c goes in about 0.65 s after it began waiting, not 0.45.
+        let mut ws = both_members_in_tool_calls([Some(400), Some(200)]);
+        let stats = ws.stats();
+        assert!(
+            stats.reprefill_ns > 0.19e9 && stats.reprefill_ns < 0.2e9,
+            "{stats:?}"
+        );
+        assert_eq!(stats.idle_with_waiters_ns, 0.0);
+        let at = 4 * S / 10 + idle_catch_up(&ws, 0.45e9);
+        assert!(at > 105 * S / 100 && at < 106 * S / 100, "{at}");
+        assert_eq!(ws.next_deadline(), Some(at));
+        let mut out = Vec::new();
+        ws.admit_waiting(at - 1_000, &mut out);
+        assert!(out.is_empty(), "a microsecond early: {out:?}");
+        ws.admit_waiting(at, &mut out);
+        assert_eq!(out, vec![("c", Verdict::EngineIdle)]);
+        let stats = ws.stats();
+        assert!(
+            stats.idle_with_waiters_ns >= stats.reprefill_ns,
+            "{stats:?}"
+        );
+    }
+
+    #[test]
+    fn without_cached_tokens_an_idle_engine_changes_nothing() {
+        // Nothing says what letting c in would cost: it waits for a's
+        // window to end (1 s from its release at 0.3 s), as before.
+        let mut ws = both_members_in_tool_calls([None; 2]);
+        assert_eq!(ws.next_deadline(), Some(13 * S / 10));
+        let mut out = Vec::new();
+        ws.admit_waiting(13 * S / 10 - 1, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        ws.admit_waiting(13 * S / 10, &mut out);
+        assert_eq!(out, vec![("c", Verdict::Fits)]);
+    }
+
+    #[test]
+    fn a_member_back_from_its_tool_call_ends_the_idle_stretch() {
+        // b asks again at 0.6 s, before c's 0.85 s: the engine is busy.
+        // When b's turn ends at 1.1 s the stretch starts over: c would go
+        // in at 1.55 s (a's re-prefill time from then), after a's window
+        // ends at 1.3 s and lets it in as fitting.
+        let mut ws = both_members_in_tool_calls([Some(400); 2]);
+        assert_eq!(ws.request(&"b", 500, 6 * S / 10), Verdict::Member);
+        assert_eq!(ws.next_deadline(), Some(13 * S / 10), "a's window only");
+        let mut out = Vec::new();
+        ws.admit_waiting(S, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        ws.release(&"b", 500, report(450, 0), 6 * S / 10, 11 * S / 10);
+        ws.admit_waiting(11 * S / 10 + 1, &mut out);
+        assert!(out.is_empty(), "the stretch began at 1.1 s: {out:?}");
+        assert_eq!(ws.next_deadline(), Some(13 * S / 10));
+        ws.admit_waiting(13 * S / 10, &mut out);
+        assert_eq!(out, vec![("c", Verdict::Fits)]);
     }
 
     /// The members' turns end at `t + 1` ns; at `t + 2` whoever may enter

@@ -117,11 +117,21 @@ pub struct kvgate_stats {
     /// from the turns' reported cached tokens, in `[0, 0.9]`; it stretches
     /// the horizon. 0 before any report, and in reference mode.
     pub working_set_prefill_share: f64,
+    /// Admissions `KVGATE_REASON_ENGINE_IDLE`.
+    pub admissions_engine_idle: u64,
+    /// Gauge: engine time with no turn in flight while a session waited,
+    /// seconds, decayed over the wait bound's horizon; 0 in reference mode.
+    pub working_set_idle_sec: f64,
+    /// Gauge: engine time spent re-prefilling what turns' sessions had
+    /// cached before, seconds, decayed alike (`KVGATE_REASON_ENGINE_IDLE`
+    /// admissions are made while `working_set_idle_sec` is ahead of it); 0
+    /// in reference mode.
+    pub working_set_reprefill_sec: f64,
 }
 
 impl From<&GateStats> for kvgate_stats {
     fn from(s: &GateStats) -> Self {
-        let [open, reserved, unavailable, resident, fits, empty, wait_bound, running_cold] =
+        let [open, reserved, unavailable, resident, fits, empty, wait_bound, running_cold, engine_idle] =
             s.admissions_by_reason;
         let w = &s.working_set;
         Self {
@@ -169,6 +179,9 @@ impl From<&GateStats> for kvgate_stats {
             longest_wait_sec: s.longest_wait.as_secs_f64(),
             working_set_horizon_turns: u64::from(w.horizon_turns),
             working_set_prefill_share: w.prefill_share,
+            admissions_engine_idle: engine_idle,
+            working_set_idle_sec: w.idle_with_waiters_ns / 1e9,
+            working_set_reprefill_sec: w.reprefill_ns / 1e9,
         }
     }
 }
