@@ -42,6 +42,7 @@ import argparse
 import csv
 import dataclasses
 import json
+import math
 import queue
 import sys
 import threading
@@ -437,12 +438,20 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=400)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tool-scale", type=float, default=1.0,
+                    help="multiply the tool calls' durations (median and cap) by this, as the simulator's "
+                         "`--vary tools-x5` does (default 1)")
     ap.add_argument("--steps-csv", help="write every engine step: policy, time, duration vs prefill/decode tokens")
     ap.add_argument("--json", help="write the results as JSON")
     ap.add_argument("--untold-ends", action="store_true",
                     help="never call finish_session: kvgate presumes ends from silence, as behind a proxy")
     args = ap.parse_args()
-    workload = Workload(sessions=args.sessions, turns=args.turns, seed=args.seed)
+    if not (args.tool_scale > 0 and math.isfinite(args.tool_scale)):
+        ap.error("--tool-scale must be a positive number")
+    base = Workload()
+    workload = Workload(sessions=args.sessions, turns=args.turns, seed=args.seed,
+                        tool_median_sec=base.tool_median_sec * args.tool_scale,
+                        tool_max_sec=base.tool_max_sec * args.tool_scale)
     engine_kwargs = {"size": args.model, "num_blocks": args.blocks, "max_num_batched_tokens": args.max_num_batched_tokens}
     print(f"workload {workload}; engine {engine_kwargs}; kvgate {kvgate.version()} ({kvgate.loaded_path()})", flush=True)
     results: list[dict[str, Any]] = []
