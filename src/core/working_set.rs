@@ -3179,6 +3179,17 @@ mod tests {
         (tau * (behind / (tau - cost_ns)).ln()).ceil() as u64
     }
 
+    /// c's admission for the idle engine is the working set's next
+    /// deadline, `at`: not a microsecond before, and at it.
+    fn c_goes_in_at_its_deadline(ws: &mut WorkingSet<&'static str>, at: u64) {
+        assert_eq!(ws.next_deadline(), Some(at));
+        let mut out = Vec::new();
+        ws.admit_waiting(at - 1_000, &mut out);
+        assert!(out.is_empty(), "a microsecond early: {out:?}");
+        ws.admit_waiting(at, &mut out);
+        assert_eq!(out, vec![("c", Verdict::EngineIdle)]);
+    }
+
     #[test]
     fn an_empty_engine_lets_the_head_in_once_idle_outweighs_re_prefill() {
         // Nothing was re-prefilled (both second turns hit their 400): c goes
@@ -3189,12 +3200,7 @@ mod tests {
         let mut ws = both_members_in_tool_calls([Some(400); 2]);
         let at = 4 * S / 10 + idle_catch_up(&ws, 0.45e9);
         assert!(at > 85 * S / 100 && at < 86 * S / 100, "{at}");
-        assert_eq!(ws.next_deadline(), Some(at));
-        let mut out = Vec::new();
-        ws.admit_waiting(at - 1_000, &mut out);
-        assert!(out.is_empty(), "a microsecond early: {out:?}");
-        ws.admit_waiting(at, &mut out);
-        assert_eq!(out, vec![("c", Verdict::EngineIdle)]);
+        c_goes_in_at_its_deadline(&mut ws, at);
         assert_eq!(ws.stats().parked, 1, "a made room; b kept its window");
         assert_eq!(ws.request(&"b", 500, at + 1), Verdict::Member);
         assert_eq!(ws.request(&"a", 500, at + 1), Verdict::Wait, "a was parked");
@@ -3215,12 +3221,7 @@ mod tests {
         assert_eq!(stats.idle_with_waiters_ns, 0.0);
         let at = 4 * S / 10 + idle_catch_up(&ws, 0.45e9);
         assert!(at > 105 * S / 100 && at < 106 * S / 100, "{at}");
-        assert_eq!(ws.next_deadline(), Some(at));
-        let mut out = Vec::new();
-        ws.admit_waiting(at - 1_000, &mut out);
-        assert!(out.is_empty(), "a microsecond early: {out:?}");
-        ws.admit_waiting(at, &mut out);
-        assert_eq!(out, vec![("c", Verdict::EngineIdle)]);
+        c_goes_in_at_its_deadline(&mut ws, at);
         let stats = ws.stats();
         assert!(
             stats.idle_with_waiters_ns >= stats.reprefill_ns,
