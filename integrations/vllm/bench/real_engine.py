@@ -437,6 +437,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--blocks", type=int, default=400)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--max-model-len", type=int, default=8192,
+                    help="the engine's max_model_len; vLLM refuses a cache that cannot hold one request "
+                         "this long, so `--blocks 200` needs at most 6144 (default 8192)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tool-scale", type=float, default=1.0,
                     help="multiply the tool calls' durations (median and cap) by this, as the simulator's "
@@ -452,7 +455,8 @@ def main() -> None:
     workload = Workload(sessions=args.sessions, turns=args.turns, seed=args.seed,
                         tool_median_sec=base.tool_median_sec * args.tool_scale,
                         tool_max_sec=base.tool_max_sec * args.tool_scale)
-    engine_kwargs = {"size": args.model, "num_blocks": args.blocks, "max_num_batched_tokens": args.max_num_batched_tokens}
+    engine_kwargs = {"size": args.model, "num_blocks": args.blocks, "max_num_batched_tokens": args.max_num_batched_tokens,
+                     "max_model_len": args.max_model_len}
     print(f"workload {workload}; engine {engine_kwargs}; kvgate {kvgate.version()} ({kvgate.loaded_path()})", flush=True)
     results: list[dict[str, Any]] = []
     rows: list[tuple[str, StepRow]] = []
