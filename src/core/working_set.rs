@@ -843,7 +843,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     fn wait_bound_ns(&self) -> u64 {
-        (self.window_ns() as f64 * self.tuning.wait_bound_windows) as u64
+        bound_ns(self.window_ns(), self.tuning.wait_bound_windows)
     }
 
     /// Tokens per KV block (1 while unknown).
@@ -1330,7 +1330,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         // it displaces will take to re-prefill (ski rental: a short lull,
         // as members' tool calls end, is not worth a displacement).
         if self.idle_pays(need, now) {
-            while !fits(self) && self.park_lru(now, None) {}
+            self.park_lru_until_fits(need, now);
             return Verdict::EngineIdle;
         }
         // Past the bound, members between turns make room for it, least
@@ -1344,16 +1344,24 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if now >= self.bound_start(s).saturating_add(self.wait_bound_ns())
             && self.rotation_allowed(now)
         {
-            let own_before = self.own_sum;
-            while !fits(self) && self.park_lru(now, None) {}
-            self.rotation_budget
-                .spend(own_before.saturating_sub(self.own_sum));
+            let parked = self.park_lru_until_fits(need, now);
+            self.rotation_budget.spend(parked);
             if fits(self) || self.member_count == 0 {
                 return Verdict::WaitBound;
             }
             self.sessions[s].history.past_bound = true;
         }
         Verdict::Wait
+    }
+
+    /// Parks members between turns, least recently released first, until
+    /// `need` more tokens fit beside the rest (or nobody is left to park).
+    /// Returns the parked members' own tokens: what their returns will
+    /// re-prefill.
+    fn park_lru_until_fits(&mut self, need: u64, now: u64) -> u64 {
+        let own_before = self.own_sum;
+        while !self.fits_beside_members(need) && self.park_lru(now, None) {}
+        own_before.saturating_sub(self.own_sum)
     }
 
     /// What the rotation budget refills by, tokens a second: `1 / B` of
@@ -1734,13 +1742,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let Some(s) = s else {
             return;
         };
+        let rate = self.prefill_rate();
         let h = &mut self.sessions[s].history;
         if h.turns > 0 {
-            let rate = if self.engine.prefill_tokens_per_sec > 0.0 {
-                self.engine.prefill_tokens_per_sec
-            } else {
-                self.reported_rate
-            };
             if rate > 0.0 {
                 let missed = h.could_hit.saturating_sub(cached);
                 self.idle_balance.reprefilled(missed as f64 / rate * 1e9);
@@ -1975,7 +1979,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         // there is something to decay.
         let (window, windows) = (self.window_ns(), self.tuning.wait_bound_windows);
         self.idle_balance
-            .advance(now, empty, || ((window as f64 * windows) as u64) as f64);
+            .advance(now, empty, || bound_ns(window, windows) as f64);
     }
 
     /// Whether a queue head should go in because the engine is empty and
@@ -2324,6 +2328,12 @@ fn round_up(tokens: u64, block: u64) -> u64 {
 /// Ends the session's tool gap, if one is open, at `now`: it is
 /// remembered with the session's gaps and its log folded into
 /// `mean_ln_gap`, the mean over every session.
+/// The wait bound's length, ns: `windows` refill windows of `window_ns`
+/// ([`WorkingSet::wait_bound_ns`], also the idle balance's horizon).
+fn bound_ns(window_ns: u64, windows: f64) -> u64 {
+    (window_ns as f64 * windows) as u64
+}
+
 fn end_gap(h: &mut History, now: u64, mean_ln_gap: &mut f64, silences: &mut Silences) {
     if h.turns > 0 && h.gap_open {
         h.gap_open = false;
