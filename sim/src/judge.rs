@@ -326,14 +326,14 @@ pub fn markdown(verdicts: &[Verdict]) -> String {
 /// One CSV row per scenario × policy × seed.
 pub fn csv(verdicts: &[Verdict]) -> String {
     let mut out = String::from(
-        "scenario,policy,seed,finished,makespan_s,cap_best_k,cap_best_makespan_s,ratio_to_cap_best,hit_rate,cap_best_hit_rate,p50_turn_latency_s,p99_turn_latency_s,max_wait_s,bound_s,makespan_over_bound,prefilled_tokens,min_prefill_tokens\n",
+        "scenario,policy,seed,finished,makespan_s,cap_best_k,cap_best_makespan_s,ratio_to_cap_best,hit_rate,cap_best_hit_rate,p50_turn_latency_s,p99_turn_latency_s,max_wait_s,bound_s,makespan_over_bound,prefilled_tokens,min_prefill_tokens,idle_with_waiters,last_session_wait_s\n",
     );
     for v in verdicts {
         for s in &v.seeds {
             let m = &s.summary;
             let _ = writeln!(
                 out,
-                "{},\"{}\",{},{},{:.3},{},{:.3},{:.4},{:.5},{:.5},{:.4},{:.4},{:.3},{:.3},{:.4},{},{}",
+                "{},\"{}\",{},{},{:.3},{},{:.3},{:.4},{:.5},{:.5},{:.4},{:.4},{:.3},{:.3},{:.4},{},{},{:.4},{:.3}",
                 v.scenario,
                 v.policy,
                 s.seed,
@@ -350,7 +350,9 @@ pub fn csv(verdicts: &[Verdict]) -> String {
                 m.bound_s,
                 m.makespan_over_bound,
                 m.prefilled_tokens,
-                m.min_prefill_tokens
+                m.min_prefill_tokens,
+                m.idle_with_waiters,
+                m.last_session_wait_s
             );
         }
     }

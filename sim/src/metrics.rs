@@ -141,6 +141,15 @@ pub struct Summary {
     pub makespan_over_bound: f64,
     /// The workload's makespan lower bound, s.
     pub bound_s: f64,
+    /// Share of the makespan in which no turn was on any engine while some
+    /// turn waited at the policy: time a gate lost by holding turns out of
+    /// an empty engine (under a fixed cap, or a program scheduler, the
+    /// same). Across replicas, only when all of them were empty.
+    pub idle_with_waiters: f64,
+    /// Total wait at the policy of the session that finished last, s: the
+    /// part of the makespan's own session that the policy added to it
+    /// (its turns and tool calls are the rest).
+    pub last_session_wait_s: f64,
     /// The least prefill any policy must do, tokens.
     pub min_prefill_tokens: u64,
 }
@@ -215,6 +224,12 @@ impl RunResult {
             max_wait_s: max_wait as f64 / 1e9,
             makespan_over_bound: self.makespan_ns as f64 / self.bound.makespan_ns.max(1) as f64,
             bound_s: self.bound.makespan_ns as f64 / 1e9,
+            idle_with_waiters: if self.makespan_ns > 0 {
+                idle_with_waiters_ns(&self.turns) as f64 / self.makespan_ns as f64
+            } else {
+                0.0
+            },
+            last_session_wait_s: last_session_wait_ns(&self.turns) as f64 / 1e9,
             min_prefill_tokens: self.bound.min_prefill_tokens,
             policy: self.policy.name.clone(),
             finished: self.finished,
@@ -294,6 +309,46 @@ impl RunResult {
     }
 }
 
+/// Time in which no turn was in flight (sent to an engine, not yet
+/// complete) while some turn waited at the policy, ns.
+pub fn idle_with_waiters_ns(turns: &[TurnRecord]) -> u64 {
+    // (time, change in waiting turns, change in turns in flight); at
+    // equal times the order does not matter: an instant has no length.
+    let mut events: Vec<(u64, i64, i64)> = Vec::with_capacity(turns.len() * 4);
+    for t in turns {
+        if t.submitted_ns > t.arrived_ns {
+            events.push((t.arrived_ns, 1, 0));
+            events.push((t.submitted_ns, -1, 0));
+        }
+        events.push((t.submitted_ns, 0, 1));
+        events.push((t.completed_ns, 0, -1));
+    }
+    events.sort_unstable();
+    let (mut waiting, mut in_flight, mut last, mut idle) = (0i64, 0i64, 0u64, 0u64);
+    for (at, dw, df) in events {
+        if waiting > 0 && in_flight == 0 {
+            idle += at - last;
+        }
+        last = at;
+        waiting += dw;
+        in_flight += df;
+    }
+    idle
+}
+
+/// Total wait at the policy of the session whose last turn completed
+/// last, ns (0 with no turns).
+pub fn last_session_wait_ns(turns: &[TurnRecord]) -> u64 {
+    let Some(last) = turns.iter().max_by_key(|t| t.completed_ns) else {
+        return 0;
+    };
+    turns
+        .iter()
+        .filter(|t| t.session == last.session)
+        .map(TurnRecord::policy_wait_ns)
+        .sum()
+}
+
 /// Nearest-rank percentile of sorted values (0 when empty).
 pub fn percentile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
@@ -339,5 +394,69 @@ impl EngineStats {
         self.pins_used += o.pins_used;
         self.pins_expired += o.pins_expired;
         self.pins_dropped_for_memory += o.pins_dropped_for_memory;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    /// A turn of `session` sent at `arrived`, let go at `submitted`, done at
+    /// `completed` (seconds).
+    fn turn(session: usize, arrived: u64, submitted: u64, completed: u64) -> TurnRecord {
+        TurnRecord {
+            session,
+            turn: 0,
+            last: false,
+            issued_ns: arrived * S,
+            arrived_ns: arrived * S,
+            submitted_ns: submitted * S,
+            first_scheduled_ns: submitted * S,
+            completed_ns: completed * S,
+            prompt_len: 1,
+            hit_tokens: 0,
+            prefilled: 1,
+            re_prefilled: 0,
+            output_len: 1,
+            reissues: 0,
+            engine_preemptions: 0,
+        }
+    }
+
+    #[test]
+    fn idle_with_waiters_counts_only_an_empty_engine_while_someone_waits() {
+        let turns = [
+            // In flight 0-4 s.
+            turn(0, 0, 0, 4),
+            // Waits 2-10 s: the engine is empty from 4 s to 7 s and from 9 s.
+            turn(1, 2, 10, 12),
+            // In flight 7-9 s, after waiting 5-7 s (overlapping the other wait).
+            turn(2, 5, 7, 9),
+            // The engine empty at 13-14 s with nobody waiting: not counted.
+            turn(0, 14, 14, 15),
+        ];
+        assert_eq!(idle_with_waiters_ns(&turns), 4 * S);
+        assert_eq!(idle_with_waiters_ns(&[]), 0);
+        // Nobody ever waits: nothing counted.
+        assert_eq!(
+            idle_with_waiters_ns(&[turn(0, 0, 0, 1), turn(1, 3, 3, 4)]),
+            0
+        );
+    }
+
+    #[test]
+    fn the_last_sessions_wait_is_the_total_wait_of_the_session_that_ended_last() {
+        let turns = [
+            turn(0, 0, 3, 4),
+            turn(1, 0, 0, 5),
+            turn(0, 6, 8, 20),
+            turn(1, 6, 16, 17),
+        ];
+        // Session 0 ends last (20 s) and waited 3 s + 2 s; session 1's 10 s
+        // wait does not count.
+        assert_eq!(last_session_wait_ns(&turns), 5 * S);
+        assert_eq!(last_session_wait_ns(&[]), 0);
     }
 }

@@ -17,7 +17,9 @@ tok/s: generated tokens per second; prefill: Mtokens computed; xmin: over the le
 p50/p99: turn latency as the client saw it (wait at the policy included); max wait: longest single wait at the policy
 preempt: engine preemptions; waits/wait s: turns that waited at the policy (gate sleeps or cap slots) and their total wait
 retries: turns re-issued by impatient clients; att.pre: gate attempts preempted by a newer attempt of their session
-probes/adm: gate probe calls per admission; late/early: mean latency of each session's last 3 turns over its first 3";
+probes/adm: gate probe calls per admission; late/early: mean latency of each session's last 3 turns over its first 3
+idle+w: share of the makespan with no turn on any engine while some turn waited at the policy
+last's wait: total wait at the policy of the session that finished last (what the policy added to the makespan's own session)";
 
 /// The comparison table, one row per policy.
 pub fn table(rows: &[Summary]) -> String {
@@ -41,6 +43,8 @@ pub fn table(rows: &[Summary]) -> String {
         "att.pre",
         "probes/adm",
         "late/early",
+        "idle+w",
+        "last's wait",
     ];
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     for r in rows {
@@ -69,6 +73,8 @@ pub fn table(rows: &[Summary]) -> String {
                 "-".into()
             },
             format!("{:.2}", r.late_turn_slowdown),
+            format!("{:.1}%", r.idle_with_waiters * 100.0),
+            format!("{:.1} s", r.last_session_wait_s),
         ]);
     }
     let widths: Vec<usize> = (0..header.len())
@@ -108,12 +114,12 @@ fn prefill_over_min(r: &Summary) -> f64 {
 /// The same table as Markdown (for the README and reports).
 pub fn markdown(rows: &[Summary]) -> String {
     let mut out = String::from(
-        "| policy | hit % | hit % last ⅓ | makespan | × bound | gen tok/s | prefilled Mtok | × min prefill | re-prefilled Mtok | engine preemptions | waits | wait s | max wait | p50 turn | p99 turn | retries | attempts preempted | probes/adm | late/early |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| policy | hit % | hit % last ⅓ | makespan | × bound | gen tok/s | prefilled Mtok | × min prefill | re-prefilled Mtok | engine preemptions | waits | wait s | max wait | p50 turn | p99 turn | retries | attempts preempted | probes/adm | late/early | idle with waiters | last session's wait |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {}{} | {:.1} | {:.1} | {:.1} s | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {:.0} | {:.1} s | {:.2} s | {:.2} s | {} | {} | {} | {:.2} |",
+            "| {}{} | {:.1} | {:.1} | {:.1} s | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {:.0} | {:.1} s | {:.2} s | {:.2} s | {} | {} | {} | {:.2} | {:.1}% | {:.1} s |",
             r.policy,
             if r.finished { "" } else { " (unfinished)" },
             r.hit_rate * 100.0,
@@ -137,7 +143,9 @@ pub fn markdown(rows: &[Summary]) -> String {
             } else {
                 "-".into()
             },
-            r.late_turn_slowdown
+            r.late_turn_slowdown,
+            r.idle_with_waiters * 100.0,
+            r.last_session_wait_s
         );
     }
     out
@@ -183,7 +191,7 @@ pub fn write_files(
 ) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut csv = String::from(
-        "policy,finished,hit_rate,hit_rate_last_third,makespan_s,gen_tok_per_s,prefilled_tokens,re_prefilled_tokens,engine_preemptions,waits,wait_s,attempts_preempted,reissues,probes_per_admission,mean_turn_latency_s,early_turn_latency_s,late_turn_latency_s,late_turn_slowdown,p50_turn_latency_s,p99_turn_latency_s,max_wait_s,makespan_over_bound,bound_s,min_prefill_tokens",
+        "policy,finished,hit_rate,hit_rate_last_third,makespan_s,gen_tok_per_s,prefilled_tokens,re_prefilled_tokens,engine_preemptions,waits,wait_s,attempts_preempted,reissues,probes_per_admission,mean_turn_latency_s,early_turn_latency_s,late_turn_latency_s,late_turn_slowdown,p50_turn_latency_s,p99_turn_latency_s,max_wait_s,makespan_over_bound,bound_s,min_prefill_tokens,idle_with_waiters,last_session_wait_s",
     );
     for name in reason_names() {
         let _ = write!(csv, ",admitted_{name}");
@@ -192,7 +200,7 @@ pub fn write_files(
     for r in rows {
         let _ = write!(
             csv,
-            "{},{},{:.6},{:.6},{:.3},{:.1},{},{},{},{},{:.3},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3},{:.4},{:.3},{}",
+            "{},{},{:.6},{:.6},{:.3},{:.1},{},{},{},{},{:.3},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3},{:.4},{:.3},{},{:.4},{:.3}",
             r.policy,
             r.finished,
             r.hit_rate,
@@ -216,7 +224,9 @@ pub fn write_files(
             r.max_wait_s,
             r.makespan_over_bound,
             r.bound_s,
-            r.min_prefill_tokens
+            r.min_prefill_tokens,
+            r.idle_with_waiters,
+            r.last_session_wait_s
         );
         for n in r.admissions_by_reason {
             let _ = write!(csv, ",{n}");
