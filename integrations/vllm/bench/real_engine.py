@@ -34,6 +34,14 @@ step-time fit; `--json` writes the results, with every turn (`turn_rows`: sessio
 turn, prompt and cached tokens, wait, admission reason, when it asked) to see
 where tokens were re-prefilled (a turn's prompt less its cached tokens, beyond
 what it added since its last turn).
+
+`--repeat N` runs the policies N rounds (each round's order rotated by one) and
+ends with every policy that is not a cap against the best cap *of its own round*:
+the ratios, their mean with a 95% interval, and its hit rate over cap-3's. Runs on
+a shared machine drift by 5-10% between rounds; a ratio within a round cancels
+most of that, so claims about the gate against the caps are made from this line:
+
+    python integrations/vllm/bench/real_engine.py --policies cap-3,cap-4,kvgate --repeat 5
 """
 
 from __future__ import annotations
@@ -429,6 +437,67 @@ def print_table(results: list[dict[str, Any]], file: Any = sys.stdout) -> None:
         print(f"\nbest fixed cap (hindsight): {best['policy']} at {best['makespan_sec']:.1f} s", file=file)
 
 
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; past
+# 30 the normal's 1.96 is within 2%.
+_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def paired_summary(rounds: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Each policy that is not a cap against the best cap *of the same round*.
+
+    The machine drifts between rounds (other load, thermal state), and a cap's
+    makespan drifts with it: a ratio taken within one round cancels most of
+    that, a ratio of means over rounds does not. Per policy: the ratios, their
+    mean with a 95% interval (Student's t over the rounds; none for one round),
+    their geometric mean, how many rounds it was at or below the best cap, and
+    its hit rate over `cap-3`'s in the same round (when `cap-3` ran). A round
+    without a cap contributes nothing.
+    """
+    ratios: dict[str, list[float]] = {}
+    hits: dict[str, list[float]] = {}
+    for results in rounds:
+        caps = [r for r in results if r["policy"].startswith("cap-")]
+        if not caps:
+            continue
+        best = min(r["makespan_sec"] for r in caps)
+        cap3 = next((r["hit_rate"] for r in caps if r["policy"] == "cap-3"), None)
+        for r in results:
+            if r["policy"].startswith("cap-"):
+                continue
+            ratios.setdefault(r["policy"], []).append(r["makespan_sec"] / best)
+            if cap3:
+                hits.setdefault(r["policy"], []).append(r["hit_rate"] / cap3)
+    out: dict[str, dict[str, Any]] = {}
+    for policy, xs in ratios.items():
+        n = len(xs)
+        mean = sum(xs) / n
+        half = None
+        if n > 1:
+            sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+            half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * sd / math.sqrt(n)
+        out[policy] = {
+            "ratios": xs,
+            "mean": mean,
+            "ci95_half_width": half,
+            "geo_mean": math.exp(sum(math.log(x) for x in xs) / n),
+            "rounds_at_or_below_best_cap": sum(1 for x in xs if x <= 1.0),
+            "hit_rate_over_cap3": hits.get(policy, []),
+        }
+    return out
+
+
+def print_paired(summary: dict[str, dict[str, Any]], file: Any = sys.stdout) -> None:
+    for policy, s in summary.items():
+        spread = f" ± {s['ci95_half_width']:.3f} (95%)" if s["ci95_half_width"] is not None else ""
+        hits = ", ".join(f"{h:.2f}" for h in s["hit_rate_over_cap3"]) or "-"
+        print(f"{policy} / best cap of its round: {', '.join(f'{x:.3f}' for x in s['ratios'])}; "
+              f"mean {s['mean']:.3f}{spread}, geometric mean {s['geo_mean']:.3f}, "
+              f"at or below it in {s['rounds_at_or_below_best_cap']} of {len(s['ratios'])}; "
+              f"hit rate over cap-3's: {hits}", file=file)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", default="none,cap-2,cap-3,cap-4,cap-5,cap-6,kvgate")
@@ -448,9 +517,14 @@ def main() -> None:
     ap.add_argument("--json", help="write the results as JSON")
     ap.add_argument("--untold-ends", action="store_true",
                     help="never call finish_session: kvgate presumes ends from silence, as behind a proxy")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the policies this many rounds, each round's order rotated by one, and print "
+                         "every policy against the best cap of its own round, with a 95%% interval (default 1)")
     args = ap.parse_args()
     if not (args.tool_scale > 0 and math.isfinite(args.tool_scale)):
         ap.error("--tool-scale must be a positive number")
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     base = Workload()
     workload = Workload(sessions=args.sessions, turns=args.turns, seed=args.seed,
                         tool_median_sec=base.tool_median_sec * args.tool_scale,
@@ -459,19 +533,35 @@ def main() -> None:
                      "max_model_len": args.max_model_len}
     print(f"workload {workload}; engine {engine_kwargs}; kvgate {kvgate.version()} ({kvgate.loaded_path()})", flush=True)
     results: list[dict[str, Any]] = []
+    rounds: list[list[dict[str, Any]]] = []
     rows: list[tuple[str, StepRow]] = []
-    for policy in parse_policies(args.policies):
-        steps: list[StepRow] = []
-        r = run_policy(policy, workload, engine_kwargs, steps, tell_ends=not args.untold_ends)
-        rows.extend((policy, s) for s in steps)
-        results.append(r)
-        print(f"{policy}: {r['makespan_sec']:.1f} s, hit rate {100 * r['hit_rate']:.1f}%, prefilled {r['prefilled_tokens']:,}, "
-              f"p99 turn {r['p99_turn_latency_sec']:.2f} s, max wait {r['max_wait_sec']:.2f} s, "
-              f"admissions {r['admissions_by_reason'] or '-'}", flush=True)
-        for k, v in r["working_set_gauges"].get("summary", {}).items():
-            print(f"    {k}: mean {v['mean']:.4g}, max {v['max']:.4g}", flush=True)
-    print()
-    print_table(results)
+    policies = parse_policies(args.policies)
+    for round_no in range(args.repeat):
+        # Rotated so that no policy always runs first (a fresh process's first
+        # engine, or a machine that drifts during a round, favours nobody).
+        shift = round_no % len(policies)
+        order = policies[shift:] + policies[:shift]
+        this_round: list[dict[str, Any]] = []
+        for policy in order:
+            steps: list[StepRow] = []
+            r = run_policy(policy, workload, engine_kwargs, steps, tell_ends=not args.untold_ends)
+            r["round"] = round_no
+            rows.extend((policy, s) for s in steps)
+            this_round.append(r)
+            results.append(r)
+            print(f"{policy}: {r['makespan_sec']:.1f} s, hit rate {100 * r['hit_rate']:.1f}%, prefilled {r['prefilled_tokens']:,}, "
+                  f"p99 turn {r['p99_turn_latency_sec']:.2f} s, max wait {r['max_wait_sec']:.2f} s, "
+                  f"admissions {r['admissions_by_reason'] or '-'}", flush=True)
+            for k, v in r["working_set_gauges"].get("summary", {}).items():
+                print(f"    {k}: mean {v['mean']:.4g}, max {v['max']:.4g}", flush=True)
+        rounds.append(this_round)
+        print()
+        if args.repeat > 1:
+            print(f"round {round_no + 1} of {args.repeat}:")
+        print_table(sorted(this_round, key=lambda r: policies.index(r["policy"])))
+        print()
+    paired = paired_summary(rounds)
+    print_paired(paired)
     if args.steps_csv:
         with open(args.steps_csv, "w", newline="") as f:
             w = csv.writer(f)
@@ -481,7 +571,8 @@ def main() -> None:
         print(f"\nengine steps: {len(rows)} rows in {args.steps_csv}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"workload": dataclasses.asdict(workload), "engine": engine_kwargs, "results": results}, f, indent=2)
+            json.dump({"workload": dataclasses.asdict(workload), "engine": engine_kwargs, "results": results,
+                       "paired": paired}, f, indent=2)
 
 
 if __name__ == "__main__":

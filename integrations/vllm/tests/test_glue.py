@@ -96,3 +96,28 @@ def test_the_capacity_answer_is_refreshed_for_the_engines_measured_rate(monkeypa
 
     assert asyncio.run(scenario()) == [1000.0, 1000.0, 1000.0, 1000.0, 5000.0]
     assert calls == ["kvgate_capacity", "kvgate_capacity"]
+
+
+def test_the_paired_summary_takes_each_round_against_its_own_best_cap() -> None:
+    def run(policy: str, makespan: float, hits: float) -> dict:
+        return {"policy": policy, "makespan_sec": makespan, "hit_rate": hits}
+
+    rounds = [
+        # A slow round: every policy slower, the ratio the same as in a fast one.
+        [run("cap-3", 30.0, 0.8), run("cap-4", 25.0, 0.7), run("kvgate", 22.5, 0.72)],
+        [run("kvgate", 22.0, 0.76), run("cap-3", 21.0, 0.8), run("cap-4", 20.0, 0.75)],
+        # No cap ran: nothing to pair against.
+        [run("kvgate", 5.0, 0.9)],
+    ]
+    s = real_engine.paired_summary(rounds)
+    assert set(s) == {"kvgate"}
+    k = s["kvgate"]
+    assert k["ratios"] == pytest.approx([0.9, 1.1])
+    assert k["mean"] == pytest.approx(1.0)
+    # sd of (0.9, 1.1) is sqrt(0.02); t(0.975, 1 df) = 12.706.
+    assert k["ci95_half_width"] == pytest.approx(12.706 * 0.02**0.5 / 2**0.5)
+    assert k["geo_mean"] == pytest.approx((0.9 * 1.1) ** 0.5)
+    assert k["rounds_at_or_below_best_cap"] == 1
+    assert k["hit_rate_over_cap3"] == pytest.approx([0.9, 0.95])
+    one = real_engine.paired_summary(rounds[:1])["kvgate"]
+    assert one["ci95_half_width"] is None and one["mean"] == pytest.approx(0.9)
