@@ -438,6 +438,9 @@ struct History {
     /// Tokens the turn in flight should hit (it stayed a member since its
     /// last turn); 0 when there is no such expectation.
     expect_hit: u64,
+    /// That expectation was read from the two prompts' sketches, not
+    /// presumed from their lengths.
+    expect_seen: bool,
     /// What the turn in progress could hit of what its previous prompt
     /// and output put in the cache, tokens (whole blocks, never the
     /// prompt's last token); 0 on a first turn.
@@ -1099,6 +1102,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         // Only a member's turn has an expectation (and only it is compared
         // with the last sketch): read before the sketch is replaced.
         h.expect_hit = expected_hit(h, prompt_len, sketch);
+        h.expect_seen = sketch.is_some() && h.last_sketch.is_some();
         keep_sketch(h, sketch);
         h.turn_cold = !self.holding;
         let output = expected_output(h, mean_output);
@@ -1764,6 +1768,27 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.reported_rate = self
             .reported_rate
             .max(prompt_len.saturating_sub(cached) as f64 / secs);
+        // Without the prompts' sketches (a host that passes lengths only),
+        // a turn that kept more than the shared prefix but less than its
+        // last prompt is taken as a clean turn that expected what it kept.
+        // An agent that rewrites its history (stubs old tool results,
+        // keeps the last N observations) looks like that on every turn,
+        // while vLLM's free queue evicts least recently freed blocks first
+        // and a session's tail first, so an eviction mostly takes all of a
+        // member's own blocks or none (a whole miss still teaches, as with
+        // sketches). Taking rewrites for evictions drove the estimate to
+        // its floor. Measured (judge, seeds 1-5, `--host-prompt length`):
+        // `elide` 1.136x the best cap -> 1.002x (with token ids 1.000x),
+        // the other scenarios unchanged, and with token ids every one
+        // identical; every scenario varied (seeds 1-3, lengths only)
+        // 0.9486 -> 0.9428, the six `elide` variations 1.01-1.26x ->
+        // 0.97-1.02x.
+        let partial = cached > h.shared_credit.saturating_add(block) && cached < expect;
+        let expect = if h.expect_seen || !partial {
+            expect
+        } else {
+            cached
+        };
         if expect > 0 && !cold {
             self.learn_misses(expect, cached.min(expect));
         }
@@ -3383,9 +3408,10 @@ mod tests {
 
     /// 20 turns of a member whose agent keeps its first 200 tokens and
     /// rewrites the 300 after each turn (as one that stubs old tool
-    /// results); the engine hits the 200 kept. The sketch goes to the
+    /// results); the engine hits the 200 kept, of which its first turn hit
+    /// `shared` (the prefix it shares with others). The sketch goes to the
     /// working set only if `sketched`. Returns the capacity after.
-    fn rewriting_member(sketched: bool) -> f64 {
+    fn rewriting_member(sketched: bool, shared: u64) -> f64 {
         let mut ws = set();
         for turn in 0..20u32 {
             let prompt: Vec<u32> = (0..200)
@@ -3395,16 +3421,23 @@ mod tests {
             let t = u64::from(turn) * 2;
             let verdict = ws.request_sketched(&"a", 500, sketched.then_some(&sketch), t);
             assert_ne!(verdict, Verdict::Wait);
-            ws.release(&"a", 500, report(200, 0), t, t + 1);
+            let cached = if turn == 0 { shared } else { 200 };
+            ws.release(&"a", 500, report(cached, 0), t, t + 1);
         }
         ws.capacity()
     }
 
     #[test]
     fn a_member_that_rewrites_its_history_does_not_lower_the_estimate() {
-        assert_eq!(rewriting_member(true), 1000.0);
-        // Told only lengths, the gate takes the rewrite for an eviction.
-        assert!(rewriting_member(false) < 1000.0);
+        assert_eq!(rewriting_member(true, 100), 1000.0);
+        assert_eq!(rewriting_member(true, 200), 1000.0);
+        // Told only lengths, a turn that kept more than the shared prefix
+        // and less than the last prompt is not taken for an eviction (which
+        // takes a member's own blocks whole, least recently freed first).
+        assert_eq!(rewriting_member(false, 100), 1000.0);
+        // What it kept is no more than the shared prefix: from lengths
+        // alone that is an eviction.
+        assert!(rewriting_member(false, 200) < 1000.0);
     }
 
     #[test]
