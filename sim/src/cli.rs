@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use crate::policy::Policy;
 use crate::scenario::Scenario;
-use crate::simulation::{CapacityProbe, HostFinish, HostPrompt};
+use crate::simulation::{CapacityProbe, HostFinish, HostPrompt, HostReport};
 use crate::variation::Variation;
 
 /// Parsed options.
@@ -31,6 +31,8 @@ pub struct Options {
     /// Overrides what every scenario's host tells the gate of a prompt.
     pub host_prompt: Option<HostPrompt>,
     pub host_finish: Option<HostFinish>,
+    /// Overrides what every scenario's host tells the gate of a turn's outcome.
+    pub host_report: Option<HostReport>,
     /// Runs each scenario under these variations instead of as written.
     pub vary: Option<Vec<Variation>>,
 }
@@ -46,7 +48,8 @@ USAGE:
     kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--sweep]
     kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
     (either form also takes --capacity-probe full|no-rate|usage-only,
-     --host-prompt tokens|length, --host-finish told|untold and --vary LIST)
+     --host-prompt tokens|length, --host-finish told|untold,
+     --host-report cached|output-only and --vary LIST)
     kvgate-sim --fit-steps STEPS.csv
 
 OPTIONS:
@@ -80,6 +83,10 @@ OPTIONS:
                    whether the hosts tell the gate when a session ends: told (after its
                    last turn) or untold (a proxy that sees only requests: the gate forgets
                    a session after its idle retention) [default: the scenario's, told]
+    --host-report R
+                   what the hosts tell the gate when a turn ends: cached (its cached
+                   prompt tokens and its output tokens) or output-only (a proxy whose
+                   engine does not return cached tokens) [default: the scenario's, cached]
     --vary L       run each scenario varied instead of as written: kv-half, kv-double
                    (its KV blocks), tools-x5, tools-x0.2 (its tool calls' durations),
                    out-x4 (its output tokens), sessions-x2, comma-separated, or all;
@@ -103,6 +110,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         capacity_probe: None,
         host_prompt: None,
         host_finish: None,
+        host_report: None,
         vary: None,
     };
     let mut args = args.into_iter();
@@ -138,6 +146,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             }
             "--host-prompt" => o.host_prompt = Some(HostPrompt::parse(&value("--host-prompt")?)?),
             "--host-finish" => o.host_finish = Some(HostFinish::parse(&value("--host-finish")?)?),
+            "--host-report" => o.host_report = Some(HostReport::parse(&value("--host-report")?)?),
             "--vary" => o.vary = Some(Variation::parse_list(&value("--vary")?)?),
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
@@ -232,6 +241,9 @@ mod tests {
         let o = parse(args("--host-finish untold")).unwrap().unwrap();
         assert_eq!(o.host_finish, Some(HostFinish::Untold));
         assert!(parse(args("--host-finish never")).is_err());
+        let o = parse(args("--host-report output-only")).unwrap().unwrap();
+        assert_eq!(o.host_report, Some(HostReport::OutputOnly));
+        assert!(parse(args("--host-report none")).is_err());
         let o = parse(args("--vary kv-half,sessions-x2")).unwrap().unwrap();
         assert_eq!(
             o.vary,

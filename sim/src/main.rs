@@ -104,6 +104,9 @@ fn load(o: &Options, name: &str) -> Result<Scenario, String> {
     if let Some(finish) = o.host_finish {
         scenario.deployment.host_finish = finish;
     }
+    if let Some(report) = o.host_report {
+        scenario.deployment.host_report = report;
+    }
     Ok(scenario)
 }
 
@@ -137,6 +140,9 @@ fn run_judge(
     }
     if let Some(finish) = o.host_finish {
         println!("  every host's session end: {finish:?} to the gate");
+    }
+    if let Some(report) = o.host_report {
+        println!("  every host's turn report: {report:?}");
     }
     for p in &policies {
         println!("  {:<32} {}", p.name, p.describe());

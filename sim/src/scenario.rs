@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::engine::{EngineConfig, StepCost};
 use crate::policy::{Policy, PolicyEntry};
-use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt};
+use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt, HostReport};
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
@@ -67,6 +67,9 @@ struct File {
     /// Whether the host tells the gate when a session ends: `told` or `untold`.
     #[serde(default)]
     host_finish: HostFinish,
+    /// What the host tells the gate of each turn: `cached` or `output-only`.
+    #[serde(default)]
+    host_report: HostReport,
     #[serde(default)]
     engine: EngineFile,
     workload: WorkloadConfig,
@@ -191,6 +194,7 @@ impl Scenario {
                 capacity_probe: f.capacity_probe,
                 host_prompt: f.host_prompt,
                 host_finish: f.host_finish,
+                host_report: f.host_report,
             },
             workload: f.workload,
             policies,

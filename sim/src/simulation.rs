@@ -44,6 +44,36 @@ pub struct Deployment {
     pub host_prompt: HostPrompt,
     /// Whether the host tells the gate when a session ends.
     pub host_finish: HostFinish,
+    /// What the host tells the gate of each turn's outcome.
+    pub host_report: HostReport,
+}
+
+/// What a host tells the gate when a turn ends: an engine-side host (the
+/// vLLM plugin, the real-engine benchmark) has each request's cached
+/// prompt tokens; a proxy in front of `vllm serve` has them only if the
+/// server was started with `--enable-prompt-tokens-details`, and may pass
+/// the output length alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostReport {
+    /// Cached prompt tokens and output tokens.
+    #[default]
+    Cached,
+    /// Output tokens only.
+    OutputOnly,
+}
+
+impl HostReport {
+    /// Parses `cached` or `output-only`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "cached" => Ok(Self::Cached),
+            "output-only" => Ok(Self::OutputOnly),
+            other => Err(format!(
+                "host report `{other}`: expected cached or output-only"
+            )),
+        }
+    }
 }
 
 /// Whether a host tells the gate that a session ended: an agent framework
@@ -723,7 +753,11 @@ impl Sim<'_> {
         }
         if let (Some(gate), Some(token)) = (self.gate.as_ref(), lease) {
             // What the host gets back from the engine: cached prompt tokens and output.
-            let report = TurnReport::new(Some(hit as u64), Some(turn.output_len as u64));
+            let cached = match self.deployment.host_report {
+                HostReport::Cached => Some(hit as u64),
+                HostReport::OutputOnly => None,
+            };
+            let report = TurnReport::new(cached, Some(turn.output_len as u64));
             gate.release(token, report, self.now);
         }
         if let Some(program) = self.program.as_mut() {
