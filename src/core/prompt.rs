@@ -146,6 +146,25 @@ impl PromptSketch {
             Some(i) => position(i - 1) as u64 + 2,
         }
     }
+
+    /// How many tokens `self` and `other` surely begin with alike: up to
+    /// the last sample both have that agrees, before the first that
+    /// differs. Unlike [`PromptSketch::common_prefix`], agreeing samples
+    /// do not vouch for the unsampled tail: two sessions' prompts that
+    /// share a system prompt part somewhere after its last sample, not at
+    /// the end of the shorter one.
+    pub fn sampled_common_prefix(&self, other: &PromptSketch) -> u64 {
+        let agreeing = self
+            .samples
+            .iter()
+            .zip(other.samples.iter())
+            .take_while(|(a, b)| a == b)
+            .count();
+        match agreeing {
+            0 => 0,
+            i => position(i - 1) as u64 + 2,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -156,6 +175,39 @@ mod tests {
         (0..n as u32)
             .map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed) % 50_000)
             .collect()
+    }
+
+    #[test]
+    fn the_sampled_common_prefix_ends_at_the_last_agreeing_sample() {
+        // Two prompts sharing their first 2,048 tokens, then apart.
+        let shared = tokens(2048, 1);
+        let a: Vec<u32> = shared.iter().copied().chain(tokens(700, 2)).collect();
+        let b: Vec<u32> = shared.iter().copied().chain(tokens(900, 3)).collect();
+        let (a, b) = (PromptSketch::of(&a), PromptSketch::of(&b));
+        // The sample at 2,047 pairs tokens 2,047 and 2,048: it differs; the
+        // one at 1,535 is the last that agrees.
+        assert_eq!(a.sampled_common_prefix(&b), 1537);
+        assert_eq!(b.sampled_common_prefix(&a), 1537);
+        // Alike wherever sampled, apart in the unsampled tail: only as far
+        // as the samples go (common_prefix takes all the shorter one).
+        // (1,600 tokens: the last sample pairs tokens 1,535 and 1,536.)
+        let c: Vec<u32> = shared[..1540]
+            .iter()
+            .copied()
+            .chain(tokens(60, 4))
+            .collect();
+        let d: Vec<u32> = shared[..1540]
+            .iter()
+            .copied()
+            .chain(tokens(60, 5))
+            .collect();
+        let (c, d) = (PromptSketch::of(&c), PromptSketch::of(&d));
+        assert_eq!(c.common_prefix(&d), 1600);
+        assert_eq!(c.sampled_common_prefix(&d), 1537);
+        // Apart from the first token: nothing.
+        let e = PromptSketch::of(&tokens(3000, 6));
+        assert_eq!(a.sampled_common_prefix(&e), 0);
+        assert_eq!(PromptSketch::default().sampled_common_prefix(&a), 0);
     }
 
     #[test]
