@@ -1067,7 +1067,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         // prefix first turns have shared, until its own report says.
         let first_turn_credit =
             (self.sessions[s].history.turns == 0).then(|| self.expected_first_hit());
-        if let (Some(_), Some(new)) = (first_turn_credit, sketch) {
+        // Once per session: a retry or a woken waiter asks again with the
+        // same prompt, whose sketch is then the last one seen.
+        let first_ask = self.sessions[s].history.last_sketch.is_none();
+        if let (Some(_), Some(new), true) = (first_turn_credit, sketch, first_ask) {
             self.compare_first_prompt(s, new);
         }
         let h = &mut self.sessions[s].history;
@@ -2753,6 +2756,44 @@ mod tests {
         assert_eq!(lengths.stats().shared_prefix_tokens, 0);
         lengths.request(&"c", 400, 2);
         assert_eq!(lengths.load(), 400);
+        ws.audit().unwrap();
+    }
+
+    #[test]
+    fn a_waiter_asking_again_is_not_compared_with_itself() {
+        // 10,000 tokens of KV; 2,000-token first prompts sharing their
+        // first 300 (the sketches see 257), no cached tokens reported.
+        let mut ws = WorkingSet::new(Tuning::default());
+        ws.set_engine(EngineCapacity::new(10_000, 1, 1000.0));
+        let prompt = |seed: u32| -> Vec<u32> {
+            (0..300)
+                .chain((0..1700).map(|i| 1_000_000 * (seed + 1) + i))
+                .collect()
+        };
+        let no_cached = TurnReport::new(None, Some(0));
+        let ask = |ws: &mut WorkingSet<&'static str>, key, seed, t| {
+            let sketch = PromptSketch::of(&prompt(seed));
+            ws.request_sketched(&key, 2000, Some(&sketch), t)
+        };
+        assert_eq!(ask(&mut ws, "a", 0, 0), Verdict::Empty);
+        // b, c, d, e fill the cache beside a (each counted whole until a
+        // first turn teaches the shared prefix); f waits, and asks again.
+        for (seed, key) in [(1, "b"), (2, "c"), (3, "d"), (4, "e")] {
+            assert_ne!(ask(&mut ws, key, seed, 0), Verdict::Wait, "{key}");
+        }
+        assert_eq!(ask(&mut ws, "f", 5, 0), Verdict::Wait);
+        assert_eq!(ask(&mut ws, "f", 5, 1), Verdict::Wait);
+        for key in ["a", "b", "c", "d", "e"] {
+            ws.release(&key, 2000, no_cached, 0, 2);
+            ws.finish(&key, 2);
+        }
+        assert_eq!(ws.stats().shared_prefix_tokens, 257);
+        let mut out = Vec::new();
+        ws.admit_waiting(2, &mut out);
+        assert_eq!(ask(&mut ws, "f", 5, 2), Verdict::Empty);
+        ws.release(&"f", 2000, no_cached, 2, 3);
+        // Compared with itself on asking again, f would have taught 1,537.
+        assert_eq!(ws.stats().shared_prefix_tokens, 257);
         ws.audit().unwrap();
     }
 
