@@ -928,7 +928,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Keeps how far the first prompt of the session at `s` begins like the
     /// last first prompt seen, and keeps its sketch for the next.
     fn compare_first_prompt(&mut self, s: Slot, sketch: &PromptSketch) {
-        let block = u64::from(self.engine.block_tokens.max(1));
+        let block = self.block_tokens();
         if let Some(last) = &self.last_first_prompt {
             let common = last
                 .sampled_common_prefix(sketch)
@@ -1129,13 +1129,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let block = self.block_tokens();
         let shared_prefix = self.shared_prefix;
         let (mean_output, mean_growth) = (self.mean_output, self.mean_growth);
-        if self.sessions[s].history.gap_open {
-            self.window_outcomes.returned();
-        }
         let Session {
             history, member, ..
         } = &mut self.sessions[s];
         let (h, m) = (history, member.as_mut().expect("a member asks"));
+        // Back within its window (a retry of a turn in flight is not).
+        if h.gap_open {
+            self.window_outcomes.record(true);
+        }
         end_gap(h, now, &mut self.mean_ln_gap, &mut self.silences);
         h.queued_prompt = prompt_len;
         // Only a member's turn has an expectation (and only it is compared
@@ -1980,7 +1981,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         // Leaving drops the member from the index: each pass makes progress.
         while let Some((until, s)) = self.first_window_end().filter(|(until, _)| *until <= now) {
             // It left when its window ended, however late this is asked.
-            self.window_outcomes.lapsed();
+            self.window_outcomes.record(false);
             self.leave(s, until, true);
         }
         self.presume_ends(now);
@@ -2511,14 +2512,16 @@ impl WindowOutcomes {
     /// Each outcome weighs this much less per later one.
     const DECAY: f32 = 1.0 / 64.0;
 
-    fn returned(&mut self) {
-        self.returned = self.returned * (1.0 - Self::DECAY) + 1.0;
-        self.lapsed *= 1.0 - Self::DECAY;
-    }
-
-    fn lapsed(&mut self) {
-        self.lapsed = self.lapsed * (1.0 - Self::DECAY) + 1.0;
+    /// A window ended: in a return within it (`returned`), or by running
+    /// out.
+    fn record(&mut self, returned: bool) {
         self.returned *= 1.0 - Self::DECAY;
+        self.lapsed *= 1.0 - Self::DECAY;
+        if returned {
+            self.returned += 1.0;
+        } else {
+            self.lapsed += 1.0;
+        }
     }
 
     /// Windows ran out at least twice as often as they ended in a return
