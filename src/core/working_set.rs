@@ -698,6 +698,11 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     window_outcomes: WindowOutcomes,
     /// Capacity estimates from usage answers (only when the engine gives none).
     usage_samples: VecDeque<f64>,
+    /// What each of the last usage answers says a turn in flight shares
+    /// with the others, tokens ([`WorkingSet::sample_sharing`]).
+    sharing_samples: VecDeque<f64>,
+    /// Whether any turn has reported its cached tokens.
+    cached_reported: bool,
     /// How many turns the sessions that finished ran.
     lifetimes: Lifetimes,
     /// Sessions that left between turns, for ends presumed while the host
@@ -751,6 +756,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             idle_balance: IdleBalance::default(),
             window_outcomes: WindowOutcomes::default(),
             usage_samples: VecDeque::new(),
+            sharing_samples: VecDeque::new(),
+            cached_reported: false,
             lifetimes: Lifetimes::default(),
             silences: Silences::default(),
             prefill_share: PrefillShare::default(),
@@ -802,10 +809,100 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// callers' frames grew.)
     #[inline]
     pub fn observe_usage(&mut self, usage: f64) {
-        if self.engine.tokens > 0 || !(USAGE_SAMPLE_FLOOR..=1.0).contains(&usage) {
+        if !(USAGE_SAMPLE_FLOOR..=1.0).contains(&usage) {
+            return;
+        }
+        if self.engine.tokens > 0 {
+            if self.blind_to_sharing() {
+                self.sample_sharing(usage);
+            }
             return;
         }
         self.sample_usage(usage);
+    }
+
+    /// Whether nothing but the usage gauge can show what sessions share:
+    /// no turn has reported cached tokens and no prompt came with its ids.
+    fn blind_to_sharing(&self) -> bool {
+        !self.cached_reported && self.last_first_prompt.is_none()
+    }
+
+    /// A usage answer, the capacity known, seen by a gate blind to sharing:
+    /// what the turns in flight share, learned from what they hold.
+    ///
+    /// vLLM's usage counts the blocks of the running requests, a block
+    /// shared by several once. With `n` turns in flight whose prompts add up
+    /// to `P` tokens, and `U` tokens in use, each turn beyond the first
+    /// shares at least `(P - U) / (n - 1)`: what the turns have generated
+    /// so far only adds to `U`. It says too much only while some of those
+    /// turns hold less than their prompt (waiting in vLLM's queue, or part
+    /// way through a chunked prefill, or a gauge read late), and admitting
+    /// on too much sharing breeds more of that (longer re-prefills), so an
+    /// answer below the longest prompt in flight is not taken, the least of
+    /// the last [`USAGE_SAMPLES`] answers is, at most the shortest prompt
+    /// in flight, and the prefix only ever grows (as from cached reports).
+    ///
+    /// Why: a host that passes prompt lengths and gets no cached tokens
+    /// back (a proxy in front of `vllm serve` without prompt token
+    /// details) has neither the reports nor the sketches the shared prefix
+    /// is otherwise learned from, and counted the prefix once per session.
+    /// Measured (judge, seeds 1-5, `--host-prompt length --host-report
+    /// output-only --host-finish untold`): every scenario 0.9571x the best
+    /// cap -> 0.9334x, `single-turn` (1,500 requests sharing a 2k-token
+    /// system prompt) 1.124 -> 1.024, `mixed` 0.699 -> 0.628, no scenario
+    /// worse by more than 0.016 (`h200`, 0.962 -> 0.978); held-out seeds
+    /// 6-10 0.9604 -> 0.9441; a host of the same kind that tells ends
+    /// 0.9455 -> 0.9222. The median of
+    /// the answers instead of the least: 0.9389, `h200` 1.051 (a seed at
+    /// 1.27: thrashing turns re-prefilling in chunks held less than their
+    /// prompts, the estimate rose, more joined, more thrashed). Every
+    /// other host is untouched: one that reports cached tokens or passes
+    /// ids never samples.
+    fn sample_sharing(&mut self, usage: f64) {
+        let (mut turns, mut prompts) = (0u64, 0u64);
+        let (mut shortest, mut longest) = (u64::MAX, 0);
+        for (s, m) in self.members() {
+            if m.in_flight > 0 {
+                turns += 1;
+                let prompt = self.sessions[s].history.last_prompt;
+                prompts += prompt;
+                shortest = shortest.min(prompt);
+                longest = longest.max(prompt);
+            }
+        }
+        let used = usage * self.engine.tokens as f64;
+        // The longest prompt alone holds more than that: some turn is not
+        // in the engine's blocks yet (queued there, or the gauge is late).
+        if turns < 2 || used < longest as f64 {
+            return;
+        }
+        let saved = ((prompts as f64 - used) / (turns - 1) as f64)
+            .clamp(0.0, shortest.saturating_sub(1) as f64);
+        if self.sharing_samples.len() == USAGE_SAMPLES {
+            self.sharing_samples.pop_front();
+        }
+        self.sharing_samples.push_back(saved);
+        let least = self.sharing_samples.iter().copied().fold(saved, f64::min);
+        let block = self.block_tokens();
+        let shared = least as u64 / block * block;
+        if shared > self.shared_prefix {
+            self.raise_shared_prefix(shared);
+        }
+    }
+
+    /// The prefix sessions share is now `shared` tokens: new sessions are
+    /// counted without it, and so are the members, which counted it as their own.
+    fn raise_shared_prefix(&mut self, shared: u64) {
+        self.shared_prefix = shared;
+        self.mean_first_hit = shared as f64;
+        let mut own_sum = 0;
+        for (_, r) in self.sessions.iter_mut() {
+            if let Some(m) = &r.member {
+                r.history.shared_credit = shared;
+                own_sum += own_tokens(&r.history, m.footprint, shared);
+            }
+        }
+        self.own_sum = own_sum;
     }
 
     /// [`WorkingSet::observe_usage`] of an answer that estimates the capacity.
@@ -1781,6 +1878,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.learn_shared_from_sketches(s);
             return;
         };
+        self.cached_reported = true;
         self.prefill_share.record(
             prompt_len.saturating_sub(cached),
             self.prefill_rate(),
@@ -3760,6 +3858,60 @@ mod tests {
             ws.release(&"a", prompt, report(0, 0), turn * 2, turn * 2 + 1);
         }
         assert_eq!(ws.capacity(), 1000.0);
+    }
+
+    #[test]
+    fn a_gate_blind_to_sharing_learns_it_from_the_usage_gauge() {
+        // Lengths only, no cached tokens: three 300-token turns count 900.
+        let mut ws = set();
+        assert_eq!(ws.request(&"a", 300, 0), Verdict::Empty);
+        assert_eq!(ws.request(&"b", 300, 0), Verdict::Fits);
+        assert_eq!(ws.request(&"c", 300, 0), Verdict::Fits);
+        assert_eq!(ws.load(), 900);
+        // The engine holds 500: each turn beyond the first shares 200.
+        ws.observe_usage(0.5);
+        assert_eq!(ws.shared_prefix, 200);
+        assert_eq!(ws.load(), 500);
+        ws.audit().unwrap();
+        // A newcomer is counted without it: 500 + 100 fits.
+        assert_eq!(ws.request(&"d", 300, 0), Verdict::Fits);
+        assert_eq!(ws.load(), 600);
+        // An answer that says more sharing (1200 in prompts, 350 held: 283
+        // each) moves nothing: the least of the recent answers stands.
+        ws.observe_usage(0.35);
+        assert_eq!(ws.shared_prefix, 200);
+        ws.audit().unwrap();
+    }
+
+    #[test]
+    fn a_usage_answer_below_the_longest_prompt_in_flight_teaches_no_sharing() {
+        let mut ws = set();
+        assert_eq!(ws.request(&"a", 300, 0), Verdict::Empty);
+        assert_eq!(ws.request(&"b", 200, 0), Verdict::Fits);
+        // 250 held while a alone holds 300: a turn is not in the engine yet.
+        ws.observe_usage(0.25);
+        assert_eq!(ws.shared_prefix, 0);
+        // 400 held: b shares 100 with a.
+        ws.observe_usage(0.4);
+        assert_eq!(ws.shared_prefix, 100);
+    }
+
+    #[test]
+    fn a_gate_that_sees_cached_tokens_or_prompt_ids_does_not_ask_the_gauge() {
+        let mut ws = set();
+        assert_eq!(ws.request(&"a", 300, 0), Verdict::Empty);
+        ws.release(&"a", 300, report(0, 0), 0, 10);
+        assert_eq!(ws.request(&"b", 300, 20), Verdict::Fits);
+        assert_eq!(ws.request(&"a", 300, 20), Verdict::Member);
+        ws.observe_usage(0.3);
+        assert_eq!(ws.shared_prefix, 0);
+        let mut ws = set();
+        let ids: Vec<u32> = (0..300).collect();
+        let sketch = PromptSketch::of(&ids);
+        ws.request_sketched(&"a", 300, Some(&sketch), 0);
+        ws.request_sketched(&"b", 300, Some(&sketch), 0);
+        ws.observe_usage(0.3);
+        assert_eq!(ws.shared_prefix, 0);
     }
 
     #[test]
