@@ -12,7 +12,11 @@ pub use crate::core::working_set::EngineCapacity;
 /// invalid answers).
 pub trait Probe: Send + Sync {
     /// Fraction of the engine's KV blocks in use (vLLM's `kv_cache_usage`),
-    /// as seen by the replica serving `session`.
+    /// as seen by the replica serving `session`. In working-set mode, with
+    /// the capacity known, a gate told neither prompt ids nor cached
+    /// tokens learns from it what the turns in flight share (the blocks
+    /// they hold against their prompts): it must be the engine's own
+    /// figure, not a stand-in.
     fn kv_cache_usage(&self, session: &[u8]) -> Option<f64>;
 
     /// Fraction of `prompt` whose KV blocks are resident in the prefix cache

@@ -56,15 +56,20 @@ def percentile(values, p):
 async def bench(n_waiters: int, handovers: int, members: int, prompt: int) -> None:
     probe_calls = 0
 
-    def usage(session):
-        nonlocal probe_calls
-        probe_calls += 1
-        return 0.5
-
     # Capacity for `members` turns of `prompt` tokens (plus block rounding);
     # a slow prefill rate makes the windows and the wait bound long, so only
     # the hand-overs change the working set.
     capacity = kvgate.Capacity(tokens=members * prompt + prompt // 2, block_tokens=16, prefill_tokens_per_sec=1.0)
+
+    def usage(session):
+        # What the engine would say: the members' prompts, nothing shared.
+        # (A gate told neither prompt ids nor cached tokens learns the
+        # prefix sessions share from this answer: a made-up figure below
+        # what the members hold would read as sharing and let waiters in.)
+        nonlocal probe_calls
+        probe_calls += 1
+        return members * prompt / capacity.tokens
+
     gate = kvgate.Gate(kvgate.Config(wait_poll_sec=3600), kvgate.Probes(usage=usage, capacity=lambda s: capacity))
     threads_before = threading.active_count()
 
@@ -88,6 +93,11 @@ async def bench(n_waiters: int, handovers: int, members: int, prompt: int) -> No
     t_start = time.perf_counter()
     tasks = [asyncio.create_task(turn(i)) for i in range(n_waiters)]
     while gate.stats().waiting_attempts < n_waiters:
+        if time.perf_counter() - t_start > 60:
+            raise RuntimeError(
+                f"{gate.stats().waiting_attempts} of {n_waiters} sessions waiting after 60 s: "
+                "the gate let some in beside the members (see the usage probe above)"
+            )
         await asyncio.sleep(0.01)
     t_parked = time.perf_counter() - t_start
     gc.collect()
