@@ -802,7 +802,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// 0.92x, near the 0.95x and 0.92x of a gate told the capacity.
     ///
     /// A host that says the engine's capacity answers usage on every pass
-    /// too, and it is not used then: that answer is inlined at the call,
+    /// too, and it is not used then for the capacity (only, while the gate
+    /// is blind to sharing, for the shared prefix:
+    /// `sample_sharing`): that answer is inlined at the call,
     /// and the sampling is not entered: 20 of a turn's 3,206 instructions
     /// (`benches/instructions.rs`, `open_1t/working_set/hot`). (The same
     /// split of `ghost_tokens`, asked as often, cost 31 more instead: its
@@ -852,12 +854,13 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// system prompt) 1.124 -> 1.024, `mixed` 0.699 -> 0.628, no scenario
     /// worse by more than 0.016 (`h200`, 0.962 -> 0.978); held-out seeds
     /// 6-10 0.9604 -> 0.9441; a host of the same kind that tells ends
-    /// 0.9455 -> 0.9222. The median of
-    /// the answers instead of the least: 0.9389, `h200` 1.051 (a seed at
-    /// 1.27: thrashing turns re-prefilling in chunks held less than their
-    /// prompts, the estimate rose, more joined, more thrashed). Every
-    /// other host is untouched: one that reports cached tokens or passes
-    /// ids never samples.
+    /// 0.9455 -> 0.9222. The median of the answers instead of the least:
+    /// 0.9389, `h200` 1.051 (a seed at 1.27: thrashing turns re-prefilling
+    /// in chunks held less than their prompts, the estimate rose, more
+    /// joined, more thrashed). Every other host is untouched: one that
+    /// reports cached tokens or passes ids never samples. A usage answer
+    /// that is not the engine's (a stand-in) reads as sharing: see
+    /// [`crate::Probe::kv_cache_usage`].
     fn sample_sharing(&mut self, usage: f64) {
         let (mut turns, mut prompts) = (0u64, 0u64);
         let (mut shortest, mut longest) = (u64::MAX, 0);
