@@ -1058,8 +1058,13 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Refreshes a member's reserve from what is known of it now.
     fn refresh_reserve(&mut self, s: Slot) {
         let h = &self.sessions[s].history;
-        let growth = next_turn_growth(h, self.mean_output, self.mean_growth);
-        let reserve = reserve_for(&self.lifetimes, growth, h.turns + 1);
+        let reserve = reserve_for(
+            &self.lifetimes,
+            h,
+            self.mean_output,
+            self.mean_growth,
+            h.turns + 1,
+        );
         if let Some(m) = self.sessions[s].member.as_mut() {
             self.reserve_sum = self.reserve_sum - m.reserve + reserve;
             m.reserve = reserve;
@@ -1253,8 +1258,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             m.footprint = footprint;
         }
         h.last_prompt = prompt_len;
-        let growth = next_turn_growth(h, mean_output, mean_growth);
-        let reserve = reserve_for(&self.lifetimes, growth, h.turns + 1);
+        let reserve = reserve_for(&self.lifetimes, h, mean_output, mean_growth, h.turns + 1);
         self.reserve_sum = self.reserve_sum - m.reserve + reserve;
         m.reserve = reserve;
         self.shrink_to_fit(now, Some(s));
@@ -1813,8 +1817,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if between_turns {
             m.released_at = now;
         }
-        let growth = next_turn_growth(h, mean_output, mean_growth);
-        let reserve = reserve_for(&self.lifetimes, growth, h.turns);
+        let reserve = reserve_for(&self.lifetimes, h, mean_output, mean_growth, h.turns);
         self.reserve_sum = self.reserve_sum - m.reserve + reserve;
         m.reserve = reserve;
         if was_listed {
@@ -2500,9 +2503,10 @@ fn next_turn_growth(h: &History, mean_output: f64, mean_growth: f64) -> u64 {
     growth as u64 + output
 }
 
-/// The room kept free for a member's next turn, `growth`, weighted by the
-/// chance (measured on the sessions that finished, [`Lifetimes`]) that a
-/// session which has begun `started` turns begins another; the whole of it
+/// The room kept free for a member's next turn: its growth
+/// ([`next_turn_growth`]) weighted by the chance (measured on the sessions
+/// that finished, [`Lifetimes`]) that a session which has begun `started`
+/// turns begins another; the whole of it
 /// while nothing measured says. Room held for a turn that does not come is
 /// concurrency lost: where sessions make one request each (a proxy in
 /// front of single-turn traffic), every member kept a next turn's growth
@@ -2515,7 +2519,14 @@ fn next_turn_growth(h: &History, mean_output: f64, mean_growth: f64) -> u64 {
 /// 0.9370 to 0.9345, that report no cached tokens 0.9266 to 0.9294, the
 /// rest within 0.001. A session near the end of the lives measured keeps
 /// little free: a newcomer may join a turn before the room is given back.
-fn reserve_for(lifetimes: &Lifetimes, growth: u64, started: u32) -> u64 {
+fn reserve_for(
+    lifetimes: &Lifetimes,
+    h: &History,
+    mean_output: f64,
+    mean_growth: f64,
+    started: u32,
+) -> u64 {
+    let growth = next_turn_growth(h, mean_output, mean_growth);
     match lifetimes.continuing(started, 1) {
         Some(p) => (growth as f64 * p) as u64,
         None => growth,
