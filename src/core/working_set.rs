@@ -2049,7 +2049,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// 0.972), for a lower p99 turn latency where sessions queue behind
     /// the cache (`thrash` 34 to 29 s, `mixed` 67 to 46 s, `staggered` 52
     /// to 38 s, `h200` 53 to 44 s): more parks of short prompts, each
-    /// making room sooner, and more re-prefill in all.
+    /// making room sooner, and more re-prefill in all. Any order but this
+    /// one also parts from the engine's: vLLM evicts the least recently
+    /// freed blocks first whichever session the gate parked, so a parked
+    /// short prompt keeps its blocks while the member released longest ago
+    /// loses them and misses on its next turn.
     fn park_lru(&mut self, now: u64, keep: Option<Slot>) -> bool {
         let victim = self.idle.iter(&self.sessions).find(|&s| Some(s) != keep);
         let Some(victim) = victim else {
@@ -2060,6 +2064,13 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         true
     }
 
+    /// Parks members between turns (never `keep`) while what is counted
+    /// exceeds the capacity, from the first token over. Letting a small
+    /// overflow stand, for the engine to absorb by evicting a session's
+    /// tail, was measured with a tenth of the capacity
+    /// (judge, seeds 1-5, every scenario): 0.9237 to 0.9531 of the best
+    /// cap's makespan (`h200` 0.941 to 1.008, `real-engine` 0.943 to
+    /// 0.993, `waves-async` 0.911 to 0.969; a quarter: 0.9574).
     fn shrink_to_fit(&mut self, now: u64, keep: Option<Slot>) {
         // Nobody is parked while running cold pays, as last decided for a
         // queue head: deciding again here, right after letting a head in for
