@@ -2518,7 +2518,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 /// fits goes in and the growth parks most of them a turn or two later.
 /// Assuming a next turn as large as the prompt until then was measured and
 /// not kept: on the real engine it halved that burst (14 of 24 first
-/// turns in, a third fewer parks) and moved neither the tokens prefilled
+/// turns in, a quarter fewer parks) and moved neither the tokens prefilled
 /// nor the makespan (those parks are of short prompts); in the simulator
 /// (judge, seeds 1-5) 0.9237 to 0.9242 over every scenario, the fitted
 /// real-engine workload 0.953 to 0.939, with half its cache 1.044 to
