@@ -50,10 +50,18 @@ pub type kvgate_prefix_fn = Option<
 /// setter and no struct a host compiled against changes.
 /// Asks the engine serving `session_id` for its KV capacity: writes the
 /// capacity in tokens (vLLM: `num_gpu_blocks × block_size`) to
-/// `*out_tokens`, the tokens per block to `*out_block_tokens`, and the best
-/// prefill throughput it measured, in tokens per second, to
+/// `*out_tokens`, the tokens per block to `*out_block_tokens`, and the
+/// prefill throughput it typically measures, in tokens per second, to
 /// `*out_prefill_tokens_per_sec` (0 for any figure it does not know), and
-/// returns true; returns false if it cannot say. Working-set admission asks
+/// returns true; returns false if it cannot say. The typical rate, not the
+/// best: `kvgate_vllm` answers the median of its recent steps that were
+/// mostly prefill (the best of them made the refill window too short on
+/// the CPU engine: 1.066x the best fixed cap against 0.996x). A host that
+/// cannot tell the rate should report each turn's cached tokens at release
+/// (`kvgate_release_with_report`): the gate then measures a rate
+/// from them; with neither it keeps a 2 s refill window whatever the
+/// engine (README, "Simulator": `decode-heavy` 1.22x the best cap against
+/// 0.94x). Working-set admission asks
 /// it with every usage probe; reference mode never calls it. Same threading
 /// and `user_data` contract as `kvgate_usage_fn`.
 pub type kvgate_capacity_fn = Option<
