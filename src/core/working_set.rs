@@ -1379,7 +1379,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if cycle <= 0.0 {
             return 1;
         }
-        let batched = 1.0 - self.prefill_share.share();
+        let batched = 1.0 - self.prefill_share.share(self.prefill_rate());
         (self.window_ns() as f64 / (cycle * batched)).clamp(1.0, f64::from(u32::MAX)) as u32
     }
 
@@ -1902,7 +1902,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.cached_reported = true;
         self.prefill_share.record(
             prompt_len.saturating_sub(cached),
-            self.prefill_rate(),
             admitted_at,
             now,
             self.window,
@@ -2097,8 +2096,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// first 4 s, members 24 to 8), and returns re-prefill most of kvgate's
     /// extra tokens. Judge, seeds 1-5: 0.9237 to 0.9313 (`h200` 0.941 to
     /// 0.987, `real-engine` 0.943 to 0.978; `thrash` p99 34 to 31 s); the
-    /// fitted real-engine workload, seed 7: 20.4 s to 23.6 s (its horizon
-    /// is 9-22 turns there against 2-6 on the engine, see the README). On
+    /// fitted real-engine workload, seed 7: 20.4 s to 23.6 s (measured
+    /// before the prefill share stopped saturating on a fresh engine, see
+    /// `PrefillShare`, when its horizon there was 9-22 turns; 5-7 since,
+    /// 2-6 on the warm engine). On
     /// the real engine, rounds alternated with the base (`--policies
     /// cap-4,kvgate`): 0.962, 0.999, 0.933 of cap-4 against 1.005, 0.925,
     /// 0.949, 30-40 parks against 30-34; with 800 blocks, 0.865 and 0.909
@@ -2524,7 +2525,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             parked: self.parked,
             holding: self.holding,
             horizon_turns: self.horizon_turns(),
-            prefill_share: self.prefill_share.share(),
+            prefill_share: self.prefill_share.share(self.prefill_rate()),
             idle_with_waiters_ns: self.idle_balance.idle_ns(),
             reprefill_ns: self.idle_balance.reprefill_ns(),
         }
@@ -3284,6 +3285,27 @@ mod tests {
         let stretched = (1.0 / (0.18 * (1.0 - stats.prefill_share))) as u32;
         assert!(stretched > 5);
         assert_eq!(stats.horizon_turns, stretched);
+    }
+
+    #[test]
+    fn turns_that_end_before_the_engine_tells_its_rate_are_not_all_prefill() {
+        // A fresh engine: capacity known, no rate yet (it has run no step
+        // mostly of prefill when the first turns are admitted).
+        let mut ws = WorkingSet::new(Tuning::default());
+        ws.set_engine(EngineCapacity::new(1000, 1, 0.0));
+        // Three turns of 90 ms, each prefilling 60 tokens: the rate
+        // measured from them is 60 / 0.09 s, about 667 tokens/s, at which
+        // they would look all prefill.
+        let t = run_turns(&mut ws, "x", 3, 0, S * 9 / 100, 60);
+        // The engine then tells its rate: 1000 tokens/s. What those turns
+        // prefilled took 60 ms of each 180 ms cycle (a 90 ms turn, a 90 ms
+        // gap): 180 of the 450 ms from the first admission to the last
+        // release, not all of it (it read 0.9, the ceiling, when each turn
+        // was converted at the rate in force as it ended).
+        ws.set_engine(EngineCapacity::new(1000, 1, 1000.0));
+        ws.expire(t);
+        let share = ws.stats().prefill_share;
+        assert!((0.2..0.5).contains(&share), "{share}");
     }
 
     #[test]
