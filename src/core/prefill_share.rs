@@ -18,8 +18,9 @@
 const WINDOWS_REMEMBERED: f64 = 16.0;
 
 /// Highest share taken as measured: a share near 1 (all prefill) would
-/// stretch the horizon without bound, and the rate in force is the engine's
-/// best, so shares come out high, not low, when batches are small.
+/// stretch the horizon without bound, and the rate in force is that of the
+/// engine's steps mostly of prefill, so shares come out high, not low, when
+/// batches are small.
 const SHARE_CEILING: f64 = 0.9;
 
 /// Tokens prefilled, and wall time, over the recent past.

@@ -58,12 +58,12 @@ pub type kvgate_prefix_fn = Option<
 /// mostly prefill (the best of them made the refill window too short on
 /// the CPU engine: 1.066x the best fixed cap against 0.996x). A host that
 /// cannot tell the rate should report each turn's cached tokens at release
-/// (`kvgate_release_with_report`): the gate then measures a rate
-/// from them; with neither it keeps a 2 s refill window whatever the
-/// engine (README, "Simulator": `decode-heavy` 1.22x the best cap against
-/// 0.94x). Working-set admission asks
-/// it with every usage probe; reference mode never calls it. Same threading
-/// and `user_data` contract as `kvgate_usage_fn`.
+/// (`kvgate_release_with_report`): the gate then measures a rate from them;
+/// with neither it keeps a 2 s refill window whatever the engine (README,
+/// "Simulator": `decode-heavy` 1.22x the best cap against 0.94x).
+/// Working-set admission asks it with every usage probe; reference mode
+/// never calls it. Same threading and `user_data` contract as
+/// `kvgate_usage_fn`.
 pub type kvgate_capacity_fn = Option<
     unsafe extern "C" fn(
         user_data: *mut c_void,
