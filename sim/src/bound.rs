@@ -11,7 +11,9 @@
 //! - **Total work.** All unavoidable work at the engine's best batch
 //!   throughput, spread evenly over the replicas: every new token prefilled
 //!   once (the shared system prompt once per replica), every decode token,
-//!   the context every decode step must read, and a step's fixed cost for
+//!   the context every step must read, the attention every new token must
+//!   compute over its prefix (`n·c + n(n+1)/2` pairs for `n` new tokens
+//!   after `c`, however they are chunked), and a step's fixed cost for
 //!   at least `⌈tokens / budget⌉` steps. Work that arrives at `t` cannot be
 //!   done before `t`, so the bound is the largest `t + work(arriving ≥ t) / R`.
 //!
@@ -22,6 +24,7 @@
 //! only, so it can only do more), which keeps the bound a bound. With
 //! 1-token blocks and one session the bound is exact (see the golden test).
 
+use crate::engine::step_time::{attention_pairs, StepLoad};
 use crate::engine::EngineConfig;
 use crate::workload::{Session, Start, Workload};
 
@@ -44,6 +47,7 @@ struct Work {
     prefill: u64,
     decode: u64,
     context_read: u64,
+    attn_pairs: u64,
 }
 
 /// Computes the bound of `workload` on `replicas` replicas shaped `engine`.
@@ -73,6 +77,7 @@ pub fn lower_bound(engine: &EngineConfig, replicas: usize, workload: &Workload) 
         sum.prefill += w.prefill;
         sum.decode += w.decode;
         sum.context_read += w.context_read;
+        sum.attn_pairs += w.attn_pairs;
         count += 1;
         let next_is_same_start = order.get(pos + 1).is_some_and(|&j| starts[j] == starts[i]);
         if next_is_same_start {
@@ -89,6 +94,7 @@ pub fn lower_bound(engine: &EngineConfig, replicas: usize, workload: &Workload) 
             prefill: acc.prefill + w.prefill,
             decode: acc.decode + w.decode,
             context_read: acc.context_read + w.context_read,
+            attn_pairs: acc.attn_pairs + w.attn_pairs,
         }
     });
     Bound {
@@ -130,18 +136,23 @@ fn critical_path_ns(engine: &EngineConfig, s: &Session, shared: usize) -> u64 {
         0 => engine.max_num_batched_tokens,
         t => t.min(engine.max_num_batched_tokens),
     };
+    let step = |cached: usize, n: usize, decoding: bool| {
+        let mut load = StepLoad::default();
+        load.add(cached as u64, n as u64, decoding);
+        cost.step_ns(load)
+    };
     let mut ns = 0u64;
     for (k, t) in s.turns.iter().enumerate() {
         let mut computed = t.prompt_len - new_tokens(s, k, shared);
         while computed < t.prompt_len {
             let n = chunk.min(t.prompt_len - computed);
-            ns += cost.step_ns(n, 0, computed);
+            ns += step(computed, n, false);
             computed += n;
         }
         // The prefill's last step samples the first output token; each
-        // further token takes one decode step reading the whole context.
+        // further token takes one decode step over the whole context.
         for j in 1..t.output_len {
-            ns += cost.step_ns(0, 1, t.prompt_len + j - 1);
+            ns += step(t.prompt_len + j - 1, 1, true);
         }
         ns += t.tool_ns;
     }
@@ -157,10 +168,13 @@ fn work(s: &Session, shared: usize) -> Work {
         let decodes = t.output_len as u64 - 1;
         w.prefill += new;
         w.decode += decodes;
-        // Each decode step reads its context; each cached prompt token is
-        // read (or, if evicted, recomputed at a higher price) once.
-        w.context_read +=
-            (prompt - new) + decodes * prompt + decodes * decodes.saturating_sub(1) / 2;
+        // The prefill's last chunk reads the whole prompt; decode step `j`
+        // reads `prompt + j`. Chunking or recomputing only reads more.
+        w.context_read += prompt + decodes * prompt + decodes * (decodes + 1) / 2;
+        // Each new token attends to its position's prefix however it is
+        // chunked; each decoded one likewise. Recomputing only attends more.
+        w.attn_pairs +=
+            attention_pairs(prompt - new, new) + decodes * prompt + decodes * (decodes + 1) / 2;
     }
     w
 }
@@ -173,12 +187,13 @@ fn work_ns(engine: &EngineConfig, w: Work, system: u64) -> u64 {
     let steps = tokens
         .div_ceil(engine.max_num_batched_tokens as u64)
         .max(w.decode.div_ceil(engine.max_num_seqs as u64));
-    // A cached token is read at β3, or recomputed at β1 if it was evicted.
-    let read_us = c.beta3_us.min(c.beta1_us);
+    // The shared prompt's own attention is left out (the bound may only
+    // undercount); the turns that read it count it in their pairs.
     let ns = c.beta0_ms * 1e6 * steps as f64
         + c.beta1_us * 1e3 * prefill as f64
         + c.beta2_us * 1e3 * w.decode as f64
-        + read_us * 1e3 * w.context_read as f64;
+        + c.beta3_us * 1e3 * w.context_read as f64
+        + c.beta4_us * 1e3 * w.attn_pairs as f64;
     ns.floor() as u64
 }
 

@@ -24,8 +24,10 @@ pub struct Options {
     pub judge: bool,
     /// Seeds for `--judge`.
     pub seeds: Option<Vec<u64>>,
-    /// Fit step-time coefficients from a real engine's step CSV.
+    /// Fit step-time coefficients from measured steps (CSV or JSON).
     pub fit_steps: Option<PathBuf>,
+    /// Runs every scenario on this engine profile's step costs.
+    pub profile: Option<String>,
     /// Overrides what every scenario's engine tells the capacity probe.
     pub capacity_probe: Option<CapacityProbe>,
     /// Overrides what every scenario's host tells the gate of a prompt.
@@ -47,10 +49,10 @@ kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and 
 USAGE:
     kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--sweep]
     kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
-    (either form also takes --capacity-probe full|no-rate|usage-only,
+    (either form also takes --profile NAME|PATH, --capacity-probe full|no-rate|usage-only,
      --host-prompt tokens|length, --host-finish told|untold,
      --host-report cached|output-only and --vary LIST)
-    kvgate-sim --fit-steps STEPS.csv
+    kvgate-sim --fit-steps STEPS.csv|STEPS.json
 
 OPTIONS:
     --scenario S   built-in scenario (thrash, no-pressure, retry-storm, long-tools,
@@ -91,8 +93,13 @@ OPTIONS:
                    (its KV blocks), tools-x5, tools-x0.2 (its tool calls' durations),
                    out-x4 (its output tokens), sessions-x2, comma-separated, or all;
                    the varied scenario is named <scenario>~<variation>
-    --fit-steps F  fit beta0..beta2 (beta3 with a context_tokens column) to a real engine's
-                   step timings (the CSV of real_engine.py --steps-csv) and print them
+    --profile P    run every scenario on this engine profile's step costs instead of its
+                   own: h200-llama8b, h200-llama8b-fa3, h100-llama8b, h100-llama8b-blis,
+                   cpu-small (sim/profiles/), or a profile TOML file
+    --fit-steps F  fit the step-time model to measured steps and print it as profile lines:
+                   the CSV of real_engine.py --steps-csv (dur_ms, prefill_tokens,
+                   decode_tokens; context_tokens fits beta3, attn_pairs beta4) or a JSON
+                   with a `rows` array (sim/profiles/data/)
     -h, --help     this text";
 
 /// Parses `args` (without the program name). `Err` carries the message to
@@ -107,6 +114,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         judge: false,
         seeds: None,
         fit_steps: None,
+        profile: None,
         capacity_probe: None,
         host_prompt: None,
         host_finish: None,
@@ -140,6 +148,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             "--sweep" => o.sweep = true,
             "--judge" => o.judge = true,
             "--fit-steps" => o.fit_steps = Some(PathBuf::from(value("--fit-steps")?)),
+            "--profile" => o.profile = Some(value("--profile")?),
             "--seeds" => o.seeds = Some(crate::judge::parse_seeds(&value("--seeds")?)?),
             "--capacity-probe" => {
                 o.capacity_probe = Some(CapacityProbe::parse(&value("--capacity-probe")?)?)

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use kvgate_sim::cli::{self, Options, USAGE};
+use kvgate_sim::engine::Profile;
 use kvgate_sim::policy::Policy;
 use kvgate_sim::scenario::{Scenario, BUILT_IN};
 use kvgate_sim::workload::Workload;
@@ -36,7 +37,7 @@ fn main() -> ExitCode {
 fn run(o: &Options) -> Result<(), String> {
     if let Some(path) = &o.fit_steps {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let fit = fit::fit_csv(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let fit = fit::fit_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;
         print!("{}", fit::report(&fit));
         return Ok(());
     }
@@ -95,6 +96,9 @@ fn judge_seeds(o: &Options) -> Vec<u64> {
 /// A scenario, with the command line's capacity probe if it names one.
 fn load(o: &Options, name: &str) -> Result<Scenario, String> {
     let mut scenario = Scenario::load(name)?;
+    if let Some(profile) = &o.profile {
+        scenario = scenario.with_profile(&Profile::load(profile)?);
+    }
     if let Some(probe) = o.capacity_probe {
         scenario.deployment.capacity_probe = probe;
     }
@@ -236,16 +240,18 @@ fn run_scenario(
     let final_history: usize = w.sessions.iter().map(|s| s.max_request_tokens()).sum();
     println!("== scenario {}: {}", scenario.name, scenario.description);
     println!(
-        "seed {seed} | {} replica(s) x {} KV tokens ({} blocks of {}) | budget {} tokens/step | step = {} ms + {} us/prefill tok + {} us/decode tok + {:.4} us/context tok | probe rtt {} ms | capacity probe {:?}",
+        "seed {seed} | {} replica(s) x {} KV tokens ({} blocks of {}) | budget {} tokens/step | step costs: {} ({} ms + {} us/prefill tok + {} us/decode seq + {} us/context tok + {} us/attention pair) | probe rtt {} ms | capacity probe {:?}",
         d.replicas,
         d.engine.capacity_tokens(),
         d.engine.num_gpu_blocks,
         d.engine.block_size,
         d.engine.max_num_batched_tokens,
+        scenario.cost_source,
         d.engine.cost.beta0_ms,
         d.engine.cost.beta1_us,
         d.engine.cost.beta2_us,
         d.engine.cost.beta3_us,
+        d.engine.cost.beta4_us,
         d.probe_rtt_ns as f64 / 1e6,
         d.capacity_probe
     );

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::engine::{EngineConfig, StepCost};
+use crate::engine::{profile, EngineConfig, Profile, StepCost};
 use crate::policy::{Policy, PolicyEntry};
 use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt, HostReport};
 use crate::workload::{secs_to_ns, WorkloadConfig};
@@ -76,7 +76,10 @@ struct File {
     policies: Vec<PolicyEntry>,
 }
 
-/// The `[engine]` table; every field defaults to [`EngineConfig::default`].
+/// The `[engine]` table: the replica's shape (each field defaults to
+/// [`EngineConfig::default`]'s) and its step costs, either a named
+/// `profile` or every coefficient set by hand (`beta4_us` may be left out:
+/// the four-term model of files written before it).
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct EngineFile {
@@ -85,10 +88,12 @@ struct EngineFile {
     max_num_batched_tokens: usize,
     max_num_seqs: usize,
     long_prefill_token_threshold: usize,
-    beta0_ms: f64,
-    beta1_us: f64,
-    beta2_us: f64,
-    beta3_us: f64,
+    profile: Option<String>,
+    beta0_ms: Option<f64>,
+    beta1_us: Option<f64>,
+    beta2_us: Option<f64>,
+    beta3_us: Option<f64>,
+    beta4_us: Option<f64>,
 }
 
 impl Default for EngineFile {
@@ -100,29 +105,64 @@ impl Default for EngineFile {
             max_num_batched_tokens: d.max_num_batched_tokens,
             max_num_seqs: d.max_num_seqs,
             long_prefill_token_threshold: d.long_prefill_token_threshold,
-            beta0_ms: d.cost.beta0_ms,
-            beta1_us: d.cost.beta1_us,
-            beta2_us: d.cost.beta2_us,
-            beta3_us: d.cost.beta3_us,
+            profile: None,
+            beta0_ms: None,
+            beta1_us: None,
+            beta2_us: None,
+            beta3_us: None,
+            beta4_us: None,
         }
     }
 }
 
-impl From<EngineFile> for EngineConfig {
-    fn from(f: EngineFile) -> Self {
-        Self {
-            num_gpu_blocks: f.num_gpu_blocks,
-            block_size: f.block_size,
-            max_num_batched_tokens: f.max_num_batched_tokens,
-            max_num_seqs: f.max_num_seqs,
-            long_prefill_token_threshold: f.long_prefill_token_threshold,
-            cost: StepCost {
-                beta0_ms: f.beta0_ms,
-                beta1_us: f.beta1_us,
-                beta2_us: f.beta2_us,
-                beta3_us: f.beta3_us,
+impl EngineFile {
+    /// The engine, with its step costs from the profile or the coefficients.
+    fn into_config(self) -> Result<(EngineConfig, String), String> {
+        let hand = [
+            ("beta0_ms", self.beta0_ms),
+            ("beta1_us", self.beta1_us),
+            ("beta2_us", self.beta2_us),
+            ("beta3_us", self.beta3_us),
+            ("beta4_us", self.beta4_us),
+        ];
+        let (cost, source) = match &self.profile {
+            Some(name) => {
+                if let Some((field, _)) = hand.iter().find(|(_, v)| v.is_some()) {
+                    return Err(format!(
+                        "[engine] names profile `{name}` and sets `{field}`: name a profile or set the coefficients, not both"
+                    ));
+                }
+                (Profile::load(name)?.cost, format!("profile {name}"))
+            }
+            None => {
+                let need = |i: usize| {
+                    hand[i].1.ok_or(format!(
+                        "[engine] has no `{}`: name a profile (one of {}) or set beta0_ms, beta1_us, beta2_us and beta3_us (beta4_us defaults to 0)",
+                        hand[i].0,
+                        profile::names().join(", ")
+                    ))
+                };
+                let cost = StepCost {
+                    beta0_ms: need(0)?,
+                    beta1_us: need(1)?,
+                    beta2_us: need(2)?,
+                    beta3_us: need(3)?,
+                    beta4_us: self.beta4_us.unwrap_or(0.0),
+                };
+                (cost, "coefficients set by hand".to_string())
+            }
+        };
+        Ok((
+            EngineConfig {
+                num_gpu_blocks: self.num_gpu_blocks,
+                block_size: self.block_size,
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                max_num_seqs: self.max_num_seqs,
+                long_prefill_token_threshold: self.long_prefill_token_threshold,
+                cost,
             },
-        }
+            source,
+        ))
     }
 }
 
@@ -151,13 +191,15 @@ pub struct Scenario {
     pub workload: WorkloadConfig,
     /// Policies compared.
     pub policies: Vec<Policy>,
+    /// Where the step costs come from: `profile NAME` or coefficients set by hand.
+    pub cost_source: String,
 }
 
 impl Scenario {
     /// Parses and validates scenario TOML.
     pub fn parse(text: &str) -> Result<Self, String> {
         let f: File = toml::from_str(text).map_err(|e| e.to_string())?;
-        let engine = EngineConfig::from(f.engine);
+        let (engine, cost_source) = f.engine.into_config()?;
         engine.validate()?;
         f.workload.validate()?;
         if f.replicas == 0 {
@@ -198,7 +240,15 @@ impl Scenario {
             },
             workload: f.workload,
             policies,
+            cost_source,
         })
+    }
+
+    /// Runs the scenario on `profile`'s step costs instead of its own.
+    pub fn with_profile(mut self, profile: &Profile) -> Self {
+        self.deployment.engine.cost = profile.cost;
+        self.cost_source = format!("profile {} (--profile)", profile.name);
+        self
     }
 
     /// A built-in scenario by name, or a scenario file by path.
@@ -246,7 +296,24 @@ mod tests {
     }
 
     #[test]
-    fn the_real_engine_fitted_files_parse_with_their_fitted_costs() {
+    fn every_built_in_scenario_names_its_profile() {
+        for (name, text) in BUILT_IN {
+            let s = Scenario::parse(text).unwrap();
+            assert!(
+                s.cost_source.starts_with("profile "),
+                "{name}: {}",
+                s.cost_source
+            );
+        }
+        let h200 = Scenario::load("h200").unwrap();
+        assert_eq!(
+            h200.deployment.engine.cost,
+            Profile::load("h200-llama8b").unwrap().cost
+        );
+    }
+
+    #[test]
+    fn files_that_set_four_coefficients_by_hand_keep_working() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../integrations/vllm/bench");
         for (file, beta1_us) in [
             ("real-engine-fitted.toml", 322.0),
@@ -257,23 +324,68 @@ mod tests {
             assert_eq!(s.name, file.trim_end_matches(".toml"));
             assert_eq!(s.deployment.engine.capacity_tokens(), 399 * 32);
             assert_eq!(s.deployment.engine.cost.beta1_us, beta1_us, "{file}");
+            assert_eq!(s.deployment.engine.cost.beta4_us, 0.0, "{file}");
+            assert_eq!(s.cost_source, "coefficients set by hand");
         }
+    }
+
+    fn by_hand(base: &str) -> String {
+        base.replace(
+            "profile = \"h100-llama8b\"\n",
+            "beta0_ms = 5.75\nbeta1_us = 17.25\nbeta2_us = 6.0\nbeta3_us = 0.04\n",
+        )
     }
 
     #[test]
     fn unknown_fields_and_bad_values_are_refused() {
         let base = BUILT_IN[0].1;
+        assert!(base.contains("profile = \"h100-llama8b\""));
         assert!(Scenario::parse(&format!("{base}\nbogus = 1\n")).is_err());
-        let typo = base.replace("beta0_ms", "beta_0_ms");
-        assert!(Scenario::parse(&typo).unwrap_err().contains("beta_0_ms"));
-        // Omitted engine fields take the H100 defaults.
-        let minimal = base.replace("beta0_ms = 5.75\n", "");
+        let hand = by_hand(base);
         assert_eq!(
-            Scenario::parse(&minimal).unwrap().deployment.engine,
-            EngineConfig::default()
+            Scenario::parse(&hand)
+                .unwrap()
+                .deployment
+                .engine
+                .cost
+                .beta4_us,
+            0.0
+        );
+        let typo = hand.replace("beta0_ms", "beta_0_ms");
+        assert!(Scenario::parse(&typo).unwrap_err().contains("beta_0_ms"));
+        let missing = hand.replace("beta3_us = 0.04\n", "");
+        let e = Scenario::parse(&missing).unwrap_err();
+        assert!(e.contains("beta3_us") && e.contains("h200-llama8b"), "{e}");
+        let negative = hand.replace("beta1_us = 17.25", "beta1_us = -17.25");
+        assert!(Scenario::parse(&negative).unwrap_err().contains("beta1_us"));
+        let infinite = hand.replace("beta2_us = 6.0", "beta2_us = inf");
+        assert!(Scenario::parse(&infinite).unwrap_err().contains("beta2_us"));
+        let both = base.replace(
+            "profile = \"h100-llama8b\"\n",
+            "profile = \"h100-llama8b\"\nbeta4_us = 0.001\n",
+        );
+        let e = Scenario::parse(&both).unwrap_err();
+        assert!(e.contains("not both") && e.contains("beta4_us"), "{e}");
+        let unknown = base.replace("h100-llama8b", "b200-llama8b");
+        let e = Scenario::parse(&unknown).unwrap_err();
+        assert!(
+            e.contains("b200-llama8b") && e.contains("h100-llama8b"),
+            "{e}"
         );
         let dup = format!("{base}\n[[policies]]\nkind = \"none\"\n");
         assert!(Scenario::parse(&dup).unwrap_err().contains("twice"));
         assert!(Scenario::load("no-such-scenario").is_err());
+    }
+
+    #[test]
+    fn a_bad_file_is_named_in_its_error() {
+        let dir = std::env::temp_dir().join(format!("kvgate-sim-scenario-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("broken.toml");
+        let text = BUILT_IN[0].1.replace("h100-llama8b", "nope");
+        std::fs::write(&path, text).unwrap();
+        let e = Scenario::load(path.to_str().unwrap()).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(e.contains("broken.toml") && e.contains("nope"), "{e}");
     }
 }

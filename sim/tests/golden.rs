@@ -24,6 +24,11 @@ num_gpu_blocks = 512
 block_size = 16
 max_num_batched_tokens = 2048
 max_num_seqs = 256
+# The four-term model with no context term (what this test pinned before
+# the attention term existed): its figures must not move.
+beta0_ms = 5.75
+beta1_us = 17.25
+beta2_us = 6.0
 beta3_us = 0.0
 
 [workload]

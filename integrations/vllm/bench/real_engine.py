@@ -4,8 +4,9 @@
         --policies none,cap-2,cap-3,cap-4,cap-5,cap-6,kvgate,kvgate:high_watermark=0.2,idle_grace_sec=1,wait_poll_sec=1 \
         --steps-csv /tmp/kvgate-steps.csv
 
-Workload: ../shared/notes/adaptive-admission.md §1 (kvgate_vllm.workload; 24 sessions x
-10 turns by default), the `small` prefill-dominated model, 400 blocks of 32 tokens,
+Workload: kvgate_vllm.workload (24 sessions x 10 turns by default: a shared
+256-token system prompt, a 256-token task, 16-48 output tokens, tool calls of
+min(3 s, 0.1 s x lognormal(0, 0.8)) returning 200-600 tokens), the `small` prefill-dominated model, 400 blocks of 32 tokens,
 max_num_batched_tokens 2048. The engine is stepped on the main thread; probes and
 requests are posted to it by one thread per session and served between steps (as
 UTILITY calls are in `vllm serve`).
@@ -29,9 +30,10 @@ tokens the engine scheduled, recomputation included), first/last-turn mean laten
 p99 turn latency (wait included) and the longest wait, admissions by reason, for
 kvgate the mean and max of its working-set gauges (sampled every 0.5 s; the samples
 go to the JSON), and the best fixed cap. `--steps-csv` writes every engine
-step (duration vs scheduled prefill and decode tokens) for the simulator's
-step-time fit; `--json` writes the results, with every turn (`turn_rows`: session,
-turn, prompt and cached tokens, wait, admission reason, when it asked) to see
+step (duration vs scheduled prefill tokens, decode sequences, context tokens and
+attention pairs) for the simulator's step-time fit (`kvgate-sim --fit-steps F`);
+`--json` writes the results, with every turn (`turn_rows`: session, turn, prompt
+and cached tokens, wait, admission reason, when it asked) to see
 where tokens were re-prefilled (a turn's prompt less its cached tokens, beyond
 what it added since its last turn).
 
@@ -91,6 +93,7 @@ class StepRow:
     waiting: int
     usage: float
     context_tokens: int  # KV the step's requests attend over (their computed tokens after it)
+    attn_pairs: int  # query-key pairs attended: n new tokens after c attend n*c + n*(n+1)/2
 
 
 def parse_policies(spec: str) -> list[str]:
@@ -174,13 +177,14 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _prefill_decode(self, out: Any) -> tuple[int, int, int, int, int]:
-        """Scheduled tokens split into prompt (prefill) and decode, per request, and the
-        context they attend over (each scheduled request's computed tokens after the step)."""
+    def _prefill_decode(self, out: Any) -> tuple[int, int, int, int, int, int]:
+        """Scheduled tokens split into prompt (prefill) and decode, per request; the
+        context they attend over (each scheduled request's computed tokens after the step)
+        and the query-key pairs attended (the simulator's step model, sim/src/engine/step_time.rs)."""
         if out is None:
-            return 0, 0, 0, 0, 0
+            return 0, 0, 0, 0, 0, 0
         reqs = self.core.scheduler.requests
-        pf = dc = npf = ndc = ctx = 0
+        pf = dc = npf = ndc = ctx = pairs = 0
         for rid, n in out.num_scheduled_tokens.items():
             req = reqs.get(rid)
             after = req.num_computed_tokens if req is not None else n
@@ -190,7 +194,8 @@ class EngineLoop:
             pf, dc = pf + p, dc + (n - p)
             npf, ndc = npf + (p > 0), ndc + (p == 0)
             ctx += after
-        return pf, dc, npf, ndc, ctx
+            pairs += n * before + n * (n + 1) // 2
+        return pf, dc, npf, ndc, ctx, pairs
 
     def run(self, t0: float) -> None:
         engine, sched = self.engine, self.core.scheduler
@@ -202,11 +207,11 @@ class EngineLoop:
             start = time.perf_counter()
             outputs = engine.step()
             dur = time.perf_counter() - start
-            pf, dc, npf, ndc, ctx = self._prefill_decode(self._last_sched)
+            pf, dc, npf, ndc, ctx, pairs = self._prefill_decode(self._last_sched)
             if pf or dc:
                 self.steps.append(
                     StepRow(start - t0, dur * 1e3, pf, dc, npf, ndc, len(sched.running), len(sched.waiting),
-                            self.core.kvgate_usage(), ctx)
+                            self.core.kvgate_usage(), ctx, pairs)
                 )
             for out in outputs:
                 if out.finished and out.request_id in self.pending:

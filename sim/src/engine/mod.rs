@@ -1,18 +1,20 @@
 //! A model of one vLLM v1 replica, one concern per module:
 //! [`hashing`] (block keys), [`block_pool`] (free queue, cache map, usage),
 //! [`kv_manager`] (prefix lookup, slot allocation), [`scheduler`] (the
-//! continuous-batching step loop), [`step_time`] (cost model) and [`pins`]
+//! continuous-batching step loop), [`step_time`] (cost model), [`profile`] (its coefficients as data) and [`pins`]
 //! (the `ttl-pin` policy's engine half).
 
 pub mod block_pool;
 pub mod hashing;
 pub mod kv_manager;
 pub mod pins;
+pub mod profile;
 pub mod scheduler;
 pub mod step_time;
 
+pub use profile::Profile;
 pub use scheduler::{EngineStats, Finished, FirstScheduled, NewRequest, Replica, ReqId, StepPlan};
-pub use step_time::StepCost;
+pub use step_time::{StepCost, StepLoad};
 
 /// A replica's shape and costs (a scenario's `[engine]` table).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -33,7 +35,8 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     /// Llama-3.1-8B on one H100-80GB (vLLM 0.8.4 figures: 29,205 blocks of
-    /// 16 tokens ≈ 467k tokens) with the API server's batch defaults.
+    /// 16 tokens ≈ 467k tokens) with the API server's batch defaults and
+    /// the [`profile::DEFAULT`] step costs.
     fn default() -> Self {
         Self {
             num_gpu_blocks: 29_205,
@@ -41,7 +44,9 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 8192,
             max_num_seqs: 1024,
             long_prefill_token_threshold: 0,
-            cost: StepCost::default(),
+            cost: Profile::load(profile::DEFAULT)
+                .expect("the built-in default profile parses")
+                .cost,
         }
     }
 }

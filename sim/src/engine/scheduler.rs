@@ -12,7 +12,8 @@
 //!    its longest cached prefix (capped at `num_tokens - 1`), and the queue
 //!    stops at the first request whose slots cannot be allocated
 //!    (head-of-line blocking).
-//! 3. The step takes `β0 + β1·prefill + β2·decode` (see [`StepCost`]); at its
+//! 3. The step takes `β0 + β1·prefill + β2·decode + β3·context + β4·attention
+//!    pairs` (see [`super::step_time`]); at its
 //!    end each request that computed all its known tokens samples one token,
 //!    and a request with all its output tokens finishes and frees its blocks
 //!    (or pins them, under the `ttl-pin` policy).
@@ -29,6 +30,7 @@ use super::block_pool::BlockId;
 use super::hashing::BlockHash;
 use super::kv_manager::{BlockTable, KvCacheManager};
 use super::pins::{PinTicket, Pins};
+use super::step_time::StepLoad;
 use super::EngineConfig;
 
 /// Engine-wide request id.
@@ -424,18 +426,14 @@ impl Replica {
         if scheduled.is_empty() {
             return None;
         }
-        let (mut prefill, mut decode, mut context) = (0, 0, 0);
+        let mut load = StepLoad::default();
         for &(id, n) in &scheduled {
             let r = self.requests.get_mut(&id).expect("scheduled");
-            // Attention reads every token of KV the request already holds.
-            context += r.num_computed;
             let is_decode = n == 1 && r.num_output > 0 && r.num_computed + 1 == r.num_tokens();
             let start = r.num_computed;
+            load.add(start as u64, n as u64, is_decode);
             let hw = self.high_water.entry(r.spec.session).or_insert(0);
-            if is_decode {
-                decode += 1;
-            } else {
-                prefill += n;
+            if !is_decode {
                 r.prefilled += n;
                 let again = (*hw).min(start + n).saturating_sub(start);
                 r.re_prefilled += again;
@@ -443,16 +441,16 @@ impl Replica {
             }
             *hw = (*hw).max(start + n);
         }
-        let duration_ns = self.cfg.cost.step_ns(prefill, decode, context);
+        let duration_ns = self.cfg.cost.step_ns(load);
         self.stats.steps += 1;
         self.stats.busy_ns += duration_ns;
-        self.stats.prefill_tokens += prefill as u64;
-        self.stats.decode_tokens += decode as u64;
+        self.stats.prefill_tokens += load.prefill;
+        self.stats.decode_tokens += load.decode;
         self.in_flight = Some(scheduled);
         Some(StepPlan {
             duration_ns,
-            prefill_tokens: prefill,
-            decode_tokens: decode,
+            prefill_tokens: load.prefill as usize,
+            decode_tokens: load.decode as usize,
             first_scheduled,
         })
     }
@@ -550,7 +548,6 @@ impl Replica {
 #[cfg(test)]
 mod tests {
     use super::super::hashing::chain;
-    use super::super::StepCost;
     use super::*;
 
     fn cfg(blocks: usize, budget: usize, max_seqs: usize) -> EngineConfig {
@@ -560,7 +557,7 @@ mod tests {
             max_num_batched_tokens: budget,
             max_num_seqs: max_seqs,
             long_prefill_token_threshold: 0,
-            cost: StepCost::default(),
+            ..EngineConfig::default()
         }
     }
 
@@ -607,9 +604,18 @@ mod tests {
         r.add(req(1, 0, &h, 20, 3));
         let p = r.begin_step().unwrap();
         assert_eq!((p.prefill_tokens, p.decode_tokens), (8, 0));
-        assert_eq!(p.duration_ns, StepCost::default().step_ns(8, 0, 0));
+        let cost = EngineConfig::default().cost;
+        let chunk = |cached: u64, n: u64| {
+            let mut l = StepLoad::default();
+            l.add(cached, n, false);
+            cost.step_ns(l)
+        };
+        assert_eq!(p.duration_ns, chunk(0, 8));
         assert!(r.end_step(1).is_empty());
-        assert_eq!(r.begin_step().unwrap().prefill_tokens, 8);
+        // The second chunk attends over the first: it costs more.
+        let p2 = r.begin_step().unwrap();
+        assert_eq!((p2.prefill_tokens, p2.duration_ns), (8, chunk(8, 8)));
+        assert!(p2.duration_ns > p.duration_ns);
         assert!(r.end_step(2).is_empty());
         // The last chunk (4 tokens) completes the prompt and samples token 1.
         assert_eq!(r.begin_step().unwrap().prefill_tokens, 4);
