@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The docs check, run by scripts/test.sh:
+# 0. README.md stays at most 250 lines;
 # 1. every relative link and image in the repository's Markdown files
 #    (README.md, docs/ and the rest) resolves to a file or folder inside the
 #    repository, and every #anchor to a heading of its target;
@@ -22,8 +23,13 @@ fi
 step() { printf -- '--> %s\n' "$*"; }
 fail() { printf 'check-docs: %s\n' "$*" >&2; exit 1; }
 
+step "README.md: at most 250 lines, for a newcomer's five minutes"
+lines=$(wc -l <README.md)
+(( lines <= 250 )) || fail "README.md has $lines lines; move detail to docs/"
+echo "$lines lines"
+
 step "relative links and anchors in Markdown"
-git ls-files -z -- '*.md' | python3 -c '
+git ls-files -z --cached --others --exclude-standard -- '*.md' | sort -zu | python3 -c '
 import os, re, sys, unicodedata
 
 root = os.getcwd()
@@ -110,7 +116,7 @@ sys.exit(1 if errors else 0)
 ' || fail "broken links (above)"
 
 step "no reference to documents outside the repository"
-if git grep -n -I -E '\.\./shared/|/work/shared' -- ':!scripts/check-docs.sh'; then
+if git grep --untracked -n -I -E '\.\./shared/|/work/shared' -- ':!scripts/check-docs.sh'; then
     fail "the lines above point outside the repository: cite the fact itself"
 fi
 echo "none"
