@@ -12,7 +12,7 @@
 //!    its longest cached prefix (capped at `num_tokens - 1`), and the queue
 //!    stops at the first request whose slots cannot be allocated
 //!    (head-of-line blocking).
-//! 3. The step takes `β0 + β1·prefill + β2·decode` (see [`StepCost`]); at its
+//! 3. The step takes `β0 + β1·prefill + β2·decode` (see [`StepCost`](super::StepCost)); at its
 //!    end each request that computed all its known tokens samples one token,
 //!    and a request with all its output tokens finishes and frees its blocks
 //!    (or pins them, under the `ttl-pin` policy).
