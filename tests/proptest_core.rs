@@ -1,7 +1,7 @@
 //! A proptest state machine: random operation sequences run against the
 //! real sans-IO [`Core`] and against a sequential reference model of the
-//! semantics kvgate documents (README "The decision table" and "Where kvgate
-//! deliberately differs from the reference"), in virtual time with scripted
+//! semantics kvgate documents (docs/admission.md, "The decision table" and
+//! "Where kvgate deliberately differs from the reference"), in virtual time with scripted
 //! probe answers. Every step's outcome must be the model's, and all six
 //! invariants of the semantics are checked after every step (see `check`).
 //!
