@@ -64,8 +64,7 @@ awk '/<!-- readme-c-snippet/ { marked = 1; next }
 # shellcheck disable=SC2046
 cc "${strict_c[@]}" $(pkg-config --cflags kvgate) "$out/readme.c" -o "$out/readme" \
     $(pkg-config --libs kvgate) -Wl,-rpath,"$libdir"
-run_and_expect readme '^admitted: resident_prefix$' '^double release: refused' \
-    '^tool-result turn: reserved_session$' -- "$out/readme"
+run_and_expect readme '^admitted: empty_working_set$' '^admitted: reserved_session$' -- "$out/readme"
 
 step "C host (pthreads, libkvgate.so)"
 make -s -C ffi-examples/c OUT="$out/c"

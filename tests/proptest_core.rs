@@ -1,9 +1,9 @@
 //! A proptest state machine: random operation sequences run against the
 //! real sans-IO [`Core`] and against a sequential reference model of the
-//! semantics kvgate documents (README "The decision table" and "Where kvgate
-//! deliberately differs from the reference"), in virtual time with scripted
+//! semantics kvgate documents (docs/admission.md, "The decision table" and
+//! "Where kvgate deliberately differs from the reference"), in virtual time with scripted
 //! probe answers. Every step's outcome must be the model's, and all six
-//! invariants of issue 4 are checked after every step (see `check`).
+//! invariants of the semantics are checked after every step (see `check`).
 //!
 //! The model is written from the documented semantics, not from the code:
 //! the seed's table; reservations that are in flight while any retaining

@@ -10,7 +10,7 @@
 //! checks the pure ledger's rules); instead the harness keeps a thin shadow
 //! of what every session is doing (its leases, its place in line as its
 //! attempts' steps reveal it, whether a grant may have been handed to it)
-//! and checks after every step what the issue and the README promise:
+//! and checks after every step what docs/admission.md promises:
 //!
 //! It runs twice: with the cold rule off (`Tuning::cold_margin` infinite:
 //! the fit and parking rules exactly), and with the defaults, where the

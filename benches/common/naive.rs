@@ -2,7 +2,8 @@
 //!
 //! One global mutex around a map of reservations, one condvar, and
 //! `notify_all` on every release, every finish and every purge that drops
-//! something (`notes/reference_semantics.md` §3–4). Purging scans the whole
+//! something, as in the reference (the Python scheduler in Lego-RL's
+//! chat-completion proxy). Purging scans the whole
 //! map on every call, as the reference does. Preemption is the proxy's: an
 //! attempt registry behind a second global lock, an abort flag per attempt
 //! that the waiter checks only at its checkpoints (around each probe and

@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 /// change of load.
 const REMEMBERED: usize = 64;
 
-/// The prefill throughput of the last [`REMEMBERED`] steps that were
+/// The prefill throughput of the last `REMEMBERED` (64) steps that were
 /// mostly prefill, tokens/s, and their median, kept up to date as steps
 /// are recorded (the plugin does the same): every capacity probe reads it,
 /// and probes come far more often than such steps.

@@ -29,7 +29,7 @@ pub(crate) struct SessionKey {
 /// another record with the same id bytes. A session can be forgotten and
 /// tracked again while an attempt of its old record is still on its way out;
 /// that attempt's figures belong to the old record, not to the new one
-/// (issue 10: a cancelled attempt was charged to the newer record). The
+/// (a bug once fixed: a cancelled attempt was charged to the newer record). The
 /// bytes cannot be reused by another record while a clone is alive, so the
 /// pointer is a sound identity. Looking a session up *by its id* is
 /// [`ShardMap::find_mut`].

@@ -16,7 +16,7 @@
 //! What this cannot cover, and the header therefore forbids: a call that
 //! has been made but has not yet taken its reference (the few instructions
 //! between entering `kvgate_acquire` and `gate_clone`). No count can see it,
-//! so the handle may already be freed under it (issue 10: SIGSEGV with a
+//! so the handle may already be freed under it (seen as a SIGSEGV with a
 //! breakpoint at `kvgate_acquire`). Making that safe would take a handle
 //! that outlives `kvgate_free` (a leaked header, or a global table of
 //! handles) and a counted entry on every call; the header instead promises

@@ -6,7 +6,8 @@
 
 Workload: kvgate_vllm.workload (24 sessions x 10 turns by default: a shared
 256-token system prompt, a 256-token task, 16-48 output tokens, tool calls of
-min(3 s, 0.1 s x lognormal(0, 0.8)) returning 200-600 tokens), the `small` prefill-dominated model, 400 blocks of 32 tokens,
+min(3 s, 0.1 s x lognormal(0, 0.8)) returning 200-600 tokens), the `small`
+prefill-dominated model, 400 blocks of 32 tokens,
 max_num_batched_tokens 2048. The engine is stepped on the main thread; probes and
 requests are posted to it by one thread per session and served between steps (as
 UTILITY calls are in `vllm serve`).

@@ -1,6 +1,6 @@
-"""An in-process vLLM engine for tests and benchmarks, with the settings of
-../shared/notes/adaptive-admission.md §1 (prefix caching, 32-token blocks, a KV
-cache forced to `num_blocks`, token-id prompts, no tokenizer)."""
+"""An in-process vLLM engine for tests and benchmarks, with the real-engine
+benchmark's settings (prefix caching, 32-token blocks, a KV cache forced to
+`num_blocks`, token-id prompts, no tokenizer)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 `tiny`: hidden 128, 2 layers, 2 heads, 1 KV head; `small`: hidden 512, 4 layers,
 8 heads, 2 KV heads (prefill-dominated on the CPU engine). Both: head_dim 64,
 vocab 4096, intermediate 2 x hidden, max_position_embeddings 32768, bf16,
-torch.manual_seed(0) (as in ../shared/notes/adaptive-admission.md §1).
+torch.manual_seed(0).
 The directory is reused when its config matches (a stamp file).
 """
 

@@ -24,7 +24,7 @@ calls on the `EngineCore` object:
   hashed.
 - `kvgate_forget(session)`: drops a session's cached chain.
 
-What to re-check when vLLM changes (README "kvgate in vLLM"): the Request
+What to re-check when vLLM changes (docs/vllm.md): the Request
 constructor and `request_block_hasher` (incremental over `block_hashes`),
 `find_longest_cache_hit`'s return shape (3 values in 0.32, 2 before), and where
 the scheduler keeps `kv_cache_manager`.

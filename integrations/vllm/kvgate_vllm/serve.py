@@ -18,7 +18,7 @@ every OpenAI endpoint makes per request) and adds a small ASGI middleware:
 - Session end: a final-turn header (FINAL_HEADERS, value true/1/yes) calls
   `finish_session` when that turn's lease is released; otherwise kvgate's idle
   retention (`session_retention_sec`) forgets the session, and until one end
-  has been told kvgate presumes an end after a long quiet (README, "Ends
+  has been told kvgate presumes an end after a long quiet (docs/admission.md, "Ends
   presumed from silence").
 - A second concurrent request of one session: kvgate keeps one waiting attempt
   per session; a newer attempt supersedes a waiting older one, which ends with

@@ -1,4 +1,4 @@
-"""The agent workload of ../shared/notes/adaptive-admission.md §1, seeded.
+"""The real-engine benchmark's agent workload, seeded.
 
 A shared 256-token system prompt, a 256-token task per session; each turn
 generates 16-48 tokens (uniform, ignore_eos, greedy), then a tool call of
