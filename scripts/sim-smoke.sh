@@ -29,4 +29,7 @@ for scenario in "${scenarios[@]}"; do
     done
 done
 grep -c '^== scenario' "$out.log" | grep -qx "${#scenarios[@]}"
+# Each comparison tells its story: the short table and its sentence.
+grep -c '^policy  *makespan  *x best cap' "$out.log" | grep -qx "${#scenarios[@]}"
+grep -c '^kvgate finished in ' "$out.log" | grep -qx "${#scenarios[@]}"
 echo "kvgate-sim: ${#scenarios[@]} scenarios ran, outputs in $out/"

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Compares two judge runs (the `judge.csv` that `kvgate-sim --judge` writes).
+"""Compares two judge runs (the `judge.csv` that `kvgate-sim --judge` writes),
+or summarises one as a Markdown table (`--pivot`).
 
     python3 sim/scripts/judge_compare.py BEFORE.csv AFTER.csv [--policy kvgate]
+    python3 sim/scripts/judge_compare.py --pivot JUDGE.csv
 
 Prints, per scenario, each policy's makespan over the seed's best fixed cap
 (geometric mean over seeds) before and after, its hit rate, p99 turn latency
@@ -44,13 +46,46 @@ def verdict(x: float) -> str:
     return "wins" if x < 0.98 else ("loses" if x > 1.02 else "ties")
 
 
+def pivot(path: str) -> None:
+    """Per scenario: each policy's makespan over the best cap (geometric mean
+    over seeds), then kvgate's and the best cap's hit rate, p99 turn and
+    longest wait; a last row of geometric means over every scenario and seed."""
+    rows = load(path)
+    scenarios = list(dict.fromkeys(s for s, _ in rows))
+    policies = [p for p in dict.fromkeys(p for _, p in rows) if not p.startswith("cap-best")]
+    cap_rows = lambda s: [  # noqa: E731
+        {"hit_rate": r["cap_best_hit_rate"], "p99_turn_latency_s": "nan", "max_wait_s": "nan"}
+        for r in rows[(s, "kvgate")]
+    ]
+    head = ["scenario"] + [f"{p} x best cap" for p in policies] + [
+        "kvgate hit %", "best cap hit %", "kvgate p99 turn", "kvgate max wait"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for s in scenarios:
+        cells = [f"`{s}`"] + [f"{summary(rows[(s, p)])['ratio']:.3f}" if (s, p) in rows else "-" for p in policies]
+        k = summary(rows[(s, "kvgate")])
+        cap_hit = 100 * sum(float(r["hit_rate"]) for r in cap_rows(s)) / len(cap_rows(s))
+        cells += [f"{k['hit']:.1f}", f"{cap_hit:.1f}", f"{k['p99']:.0f} s", f"{k['wait']:.0f} s"]
+        print("| " + " | ".join(cells) + " |")
+    overall = ["**all**"] + [
+        f"**{geo([float(r['ratio_to_cap_best']) for (s, q), rs in rows.items() if q == p for r in rs]):.3f}**"
+        for p in policies] + [""] * 4
+    print("| " + " | ".join(overall) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("before")
-    ap.add_argument("after")
+    ap.add_argument("--pivot", metavar="JUDGE_CSV", help="summarise one judge run as a Markdown table and stop")
+    ap.add_argument("before", nargs="?")
+    ap.add_argument("after", nargs="?")
     ap.add_argument("--policy", default="kvgate", help="the policy whose verdicts are tracked (default kvgate)")
     ap.add_argument("--peer", default="thunderagent", help="the peer it is held against (default thunderagent)")
     a = ap.parse_args()
+    if a.pivot:
+        pivot(a.pivot)
+        return
+    if not (a.before and a.after):
+        ap.error("give BEFORE.csv and AFTER.csv, or --pivot JUDGE.csv")
     before, after = load(a.before), load(a.after)
     scenarios = list(dict.fromkeys(s for s, _ in after))
     policies = list(dict.fromkeys(p for _, p in after))

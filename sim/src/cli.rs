@@ -28,6 +28,8 @@ pub struct Options {
     pub fit_steps: Option<PathBuf>,
     /// Runs every scenario on this engine profile's step costs.
     pub profile: Option<String>,
+    /// The comparison runs every policy the scenario names and prints every column.
+    pub full: bool,
     /// Overrides what every scenario's engine tells the capacity probe.
     pub capacity_probe: Option<CapacityProbe>,
     /// Overrides what every scenario's host tells the gate of a prompt.
@@ -47,7 +49,7 @@ pub const USAGE: &str = "\
 kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and without kvgate
 
 USAGE:
-    kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--sweep]
+    kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--full] [--sweep]
     kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
     (either form also takes --profile NAME|PATH, --capacity-probe full|no-rate|usage-only,
      --host-prompt tokens|length, --host-finish told|untold,
@@ -63,7 +65,9 @@ OPTIONS:
     --policies L   comma-separated policies: names from the scenario, or specs such as
                    none, kvgate, kvgate:wm=0.3,hit=0.5,grace=10,poll=0.5, cap-8, ttl-pin:ttl=2,
                    and cap-best (the hindsight-best fixed cap, found by sweeping K)
-                   [default: the scenario's, the peer policies and cap-best]
+                   [default: none, kvgate, the peers (thunderagent, progress-ttl) and
+                   cap-best; with --full, the scenario's own policies too]
+    --full         every policy the scenario names and every column of the comparison
     --sweep        run a grid of kvgate knobs (watermark, hit threshold, idle grace,
                    poll) on the scenario and rank them, instead of the comparison
     --judge        run every policy (compact specs) on every scenario and seed and judge it
@@ -115,6 +119,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         seeds: None,
         fit_steps: None,
         profile: None,
+        full: false,
         capacity_probe: None,
         host_prompt: None,
         host_finish: None,
@@ -146,6 +151,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             "--out" => o.out = Some(PathBuf::from(value("--out")?)),
             "--policies" => o.policies = Some(split_policies(&value("--policies")?)),
             "--sweep" => o.sweep = true,
+            "--full" => o.full = true,
             "--judge" => o.judge = true,
             "--fit-steps" => o.fit_steps = Some(PathBuf::from(value("--fit-steps")?)),
             "--profile" => o.profile = Some(value("--profile")?),
@@ -168,6 +174,9 @@ pub const CAP_BEST: &str = "cap-best";
 
 /// Peer policies every comparison shows beside the scenario's own.
 pub const PEERS: [&str; 2] = ["thunderagent", "progress-ttl"];
+
+/// What a comparison runs unless told: the story's policies (cap-best is added).
+pub const STORY_POLICIES: [&str; 4] = ["none", "kvgate", "thunderagent", "progress-ttl"];
 
 /// A scenario's own policies, then the peers it does not name itself.
 pub fn default_policies(scenario: &Scenario) -> Vec<Policy> {

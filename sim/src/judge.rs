@@ -291,7 +291,7 @@ pub fn table(verdicts: &[Verdict]) -> String {
     out
 }
 
-/// The same as Markdown, all scenarios in one table (for the README).
+/// The same as Markdown, all scenarios in one table (for docs/simulator.md).
 pub fn markdown(verdicts: &[Verdict]) -> String {
     let mut out = String::from(
         "| scenario | policy | × cap-best (geo mean) | worst seed | hit % | hit pts vs cap-best | p99 turn | max wait | × bound (geo mean) |\n|---|---|---|---|---|---|---|---|---|\n",

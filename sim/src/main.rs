@@ -52,12 +52,12 @@ fn run(o: &Options) -> Result<(), String> {
         return run_judge(o, scenarios, &out_root);
     }
     for scenario in scenarios {
-        let (policies, with_cap_best) = select(&scenario, o.policies.as_deref())?;
+        let (policies, with_cap_best) = select(&scenario, o.policies.as_deref(), o.full)?;
         let seed = o.seed.unwrap_or(scenario.seed);
         if o.sweep {
             run_sweep(&scenario, seed, &policies, &out_root)?;
         } else {
-            run_scenario(&scenario, seed, &policies, with_cap_best, &out_root)?;
+            run_scenario(&scenario, seed, &policies, with_cap_best, o.full, &out_root)?;
         }
     }
     Ok(())
@@ -214,9 +214,20 @@ fn default_out() -> PathBuf {
 
 /// The policies to run and whether to add the hindsight-best cap: by
 /// default the scenario's own policies, the peers, and `cap-best`.
-fn select(scenario: &Scenario, wanted: Option<&[String]>) -> Result<(Vec<Policy>, bool), String> {
+fn select(
+    scenario: &Scenario,
+    wanted: Option<&[String]>,
+    full: bool,
+) -> Result<(Vec<Policy>, bool), String> {
     let Some(wanted) = wanted else {
-        return Ok((cli::default_policies(scenario), true));
+        if full {
+            return Ok((cli::default_policies(scenario), true));
+        }
+        let story = cli::STORY_POLICIES
+            .iter()
+            .map(|name| cli::resolve(scenario, name))
+            .collect::<Result<_, _>>()?;
+        return Ok((story, true));
     };
     let with_cap_best = wanted.iter().any(|w| w == cli::CAP_BEST);
     let policies = wanted
@@ -232,6 +243,7 @@ fn run_scenario(
     seed: u64,
     policies: &[Policy],
     with_cap_best: bool,
+    full: bool,
     out_root: &std::path::Path,
 ) -> Result<(), String> {
     let d = &scenario.deployment;
@@ -240,20 +252,19 @@ fn run_scenario(
     let final_history: usize = w.sessions.iter().map(|s| s.max_request_tokens()).sum();
     println!("== scenario {}: {}", scenario.name, scenario.description);
     println!(
-        "seed {seed} | {} replica(s) x {} KV tokens ({} blocks of {}) | budget {} tokens/step | step costs: {} ({} ms + {} us/prefill tok + {} us/decode seq + {} us/context tok + {} us/attention pair) | probe rtt {} ms | capacity probe {:?}",
+        "seed {seed} | {} replica(s) x {} KV tokens ({} blocks of {}) | budget {} tokens/step | probe rtt {} ms | capacity probe {:?}",
         d.replicas,
         d.engine.capacity_tokens(),
         d.engine.num_gpu_blocks,
         d.engine.block_size,
         d.engine.max_num_batched_tokens,
-        scenario.cost_source,
-        d.engine.cost.beta0_ms,
-        d.engine.cost.beta1_us,
-        d.engine.cost.beta2_us,
-        d.engine.cost.beta3_us,
-        d.engine.cost.beta4_us,
         d.probe_rtt_ns as f64 / 1e6,
         d.capacity_probe
+    );
+    let c = &d.engine.cost;
+    println!(
+        "step costs ({}): {} ms + {} us/prefill token + {} us/decode seq + {} us/context token + {} us/attention pair",
+        scenario.cost_source, c.beta0_ms, c.beta1_us, c.beta2_us, c.beta3_us, c.beta4_us
     );
     let limit = bound::lower_bound(&d.engine, d.replicas, &w);
     println!(
@@ -271,8 +282,10 @@ fn run_scenario(
         final_history as f64 / 1e6,
         final_history as f64 / capacity as f64
     );
-    for p in policies {
-        println!("  {:<16} {}", p.name, p.describe());
+    if full {
+        for p in policies {
+            println!("  {:<16} {}", p.name, p.describe());
+        }
     }
     let started = Instant::now();
     let runs = compare(scenario, seed, policies);
@@ -280,17 +293,31 @@ fn run_scenario(
     let mut simulated = runs.len();
     if with_cap_best {
         let best = sweep::cap_best(scenario, seed, threads());
-        println!(
-            "  {:<16} the hindsight-best fixed cap: K = {} of {} caps tried on this seed",
-            "cap-best", best.k, best.tried
-        );
+        if full {
+            println!(
+                "  {:<16} the hindsight-best fixed cap: K = {} of {} caps tried on this seed",
+                "cap-best", best.k, best.tried
+            );
+        }
         simulated += best.tried;
         rows.push(best.summary);
     }
     let elapsed = started.elapsed().as_secs_f64();
     println!();
-    print!("{}", report::table(&rows));
-    println!("{}", report::LEGEND);
+    if full {
+        print!("{}", report::table(&rows));
+        println!("{}", report::LEGEND);
+    } else {
+        let best_s = rows
+            .iter()
+            .find(|r| r.policy.starts_with("cap-best"))
+            .map(|r| r.makespan_s);
+        print!("{}", report::story_table(&rows, best_s));
+        println!("x best cap: makespan over the hindsight-best fixed cap's; x bound: over the workload's lower bound; max wait: longest wait at the policy");
+        if let Some(sentence) = report::story_sentence(&rows) {
+            println!("\n{sentence}");
+        }
+    }
     let dir = out_root.join(&scenario.name);
     let longest = runs.iter().map(|r| r.makespan_ns).max().unwrap_or(1).max(1);
     let bucket_ns = (longest / 40).max(1_000_000);
@@ -307,6 +334,9 @@ fn run_scenario(
         "data:  {}/summary.{{csv,md,json}}, turns.csv, hit_rate_over_time.csv, latency_by_turn.csv",
         shown.display()
     );
+    if !full {
+        println!("every policy the scenario names and every column: --full");
+    }
     println!();
     Ok(())
 }

@@ -77,7 +77,61 @@ pub fn table(rows: &[Summary]) -> String {
             format!("{:.1} s", r.last_session_wait_s),
         ]);
     }
-    let widths: Vec<usize> = (0..header.len())
+    align(&cells)
+}
+
+/// The few columns that tell the story, one row per policy: makespan, over
+/// the best cap's and over the lower bound, hit rate, p99 turn latency and
+/// the longest wait (what `kvgate-sim` prints unless `--full`).
+pub fn story_table(rows: &[Summary], cap_best_makespan_s: Option<f64>) -> String {
+    let header = [
+        "policy",
+        "makespan",
+        "x best cap",
+        "x bound",
+        "hit %",
+        "p99 turn",
+        "max wait",
+    ];
+    let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    for r in rows {
+        let dnf = if r.finished { "" } else { " (unfinished)" };
+        cells.push(vec![
+            format!("{}{dnf}", r.policy),
+            format!("{:.1} s", r.makespan_s),
+            cap_best_makespan_s.map_or("-".into(), |b| format!("{:.2}", r.makespan_s / b)),
+            format!("{:.2}", r.makespan_over_bound),
+            format!("{:.1}", r.hit_rate * 100.0),
+            format!("{:.1} s", r.p99_turn_latency_s),
+            format!("{:.1} s", r.max_wait_s),
+        ]);
+    }
+    align(&cells)
+}
+
+/// One sentence on what a default run shows: kvgate against no gate and
+/// the best cap; `None` unless all three ran.
+pub fn story_sentence(rows: &[Summary]) -> Option<String> {
+    let find = |name: &str| rows.iter().find(|r| r.policy == name);
+    let (none, gate) = (find("none")?, find("kvgate")?);
+    let best = rows.iter().find(|r| r.policy.starts_with("cap-best"))?;
+    Some(format!(
+        "kvgate finished in {:.0} s: {:.2}x no gate ({:.0} s) and {:.2}x the hindsight-best fixed cap ({}, {:.0} s), keeping {:.0}% of prompt tokens cached against no gate's {:.0}%.",
+        gate.makespan_s,
+        gate.makespan_s / none.makespan_s,
+        none.makespan_s,
+        gate.makespan_s / best.makespan_s,
+        best.policy.trim_start_matches("cap-best (").trim_end_matches(')'),
+        best.makespan_s,
+        gate.hit_rate * 100.0,
+        none.hit_rate * 100.0
+    ))
+}
+
+/// Pads a table of cells to aligned columns with a rule under the header.
+fn align(cells: &[Vec<String>]) -> String {
+    let columns = cells.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
         .map(|c| {
             cells
                 .iter()
@@ -111,7 +165,7 @@ fn prefill_over_min(r: &Summary) -> f64 {
     r.prefilled_tokens as f64 / r.min_prefill_tokens.max(1) as f64
 }
 
-/// The same table as Markdown (for the README and reports).
+/// The same table as Markdown (for docs and reports).
 pub fn markdown(rows: &[Summary]) -> String {
     let mut out = String::from(
         "| policy | hit % | hit % last ⅓ | makespan | × bound | gen tok/s | prefilled Mtok | × min prefill | re-prefilled Mtok | engine preemptions | waits | wait s | max wait | p50 turn | p99 turn | retries | attempts preempted | probes/adm | late/early | idle with waiters | last session's wait |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
@@ -309,4 +363,45 @@ pub fn write_files(
     std::fs::write(dir.join("hit_rate_over_time.csv"), hits)?;
     std::fs::write(dir.join("latency_by_turn.csv"), lat)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Policy;
+    use crate::scenario::Scenario;
+
+    #[test]
+    fn the_story_names_kvgate_against_no_gate_and_the_best_cap() {
+        let s = Scenario::load("no-pressure").unwrap();
+        let policies: Vec<Policy> = ["none", "kvgate", "cap-4"]
+            .iter()
+            .map(|p| Policy::parse(p).unwrap())
+            .collect();
+        let mut rows: Vec<Summary> = crate::compare(&s, 1, &policies)
+            .iter()
+            .map(|r| r.summary())
+            .collect();
+        assert_eq!(story_sentence(&rows), None, "no cap-best: no sentence");
+        rows[2].policy = "cap-best (K=4)".into();
+        let sentence = story_sentence(&rows).unwrap();
+        let (none, gate, best) = (&rows[0], &rows[1], &rows[2]);
+        assert!(sentence.starts_with(&format!("kvgate finished in {:.0} s", gate.makespan_s)));
+        assert!(sentence.contains(&format!(
+            "{:.2}x no gate",
+            gate.makespan_s / none.makespan_s
+        )));
+        assert!(
+            sentence.contains(&format!("(K=4, {:.0} s)", best.makespan_s)),
+            "{sentence}"
+        );
+        let table = story_table(&rows, Some(best.makespan_s));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 2 + rows.len());
+        assert!(lines.iter().all(|l| l.chars().count() <= 80), "{table}");
+        assert!(
+            lines[2 + 2].contains("1.00"),
+            "the best cap against itself: {table}"
+        );
+    }
 }

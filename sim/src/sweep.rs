@@ -123,7 +123,9 @@ pub struct CapBest {
 /// skipped once it provably cannot win: under cap-K each of the `K × R`
 /// slots runs its sessions one after another, each for at least its
 /// critical path, so makespan ≥ Σ critical paths / (K × R). Skipping is
-/// exact: it never drops a K that could beat the best found.
+/// exact: it never drops a K that could beat the best found. A cap that is
+/// run is stopped once its simulated time passes the best makespan found
+/// in earlier rounds, for the same reason.
 pub fn cap_best(scenario: &Scenario, seed: u64, threads: usize) -> CapBest {
     let replicas = scenario.deployment.replicas;
     let max_k = scenario.workload.total_sessions().div_ceil(replicas).max(1);
@@ -169,10 +171,19 @@ pub fn cap_best(scenario: &Scenario, seed: u64, threads: usize) -> CapBest {
                     kind: PolicyKind::Cap(k),
                 })
                 .collect();
+            // A cap still running past the best makespan so far cannot win:
+            // stop it there (it ends unfinished, which ranks it last). A run
+            // that ties the best still finishes, so ties break by K as before.
+            let mut bounded = scenario.clone();
+            if best_s.is_finite() {
+                let limit_ns = (best_s * 1e9).ceil() as u64 + 1;
+                let d = &mut bounded.deployment;
+                d.time_limit_ns = d.time_limit_ns.min(limit_ns);
+            }
             results.extend(
                 next.iter()
                     .copied()
-                    .zip(run_all(scenario, seed, &policies, threads)),
+                    .zip(run_all(&bounded, seed, &policies, threads)),
             );
         }
     };

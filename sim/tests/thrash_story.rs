@@ -1,9 +1,9 @@
-//! The README's story, asserted on the built-in `thrash` scenario (the
-//! default comparison): without a gate the prefix cache collapses late in
-//! the rollout and late turns get disproportionately slower; the
-//! reference-default gate does about nothing (as measured on a real vLLM
-//! engine, see the notes); a session cap and the tuned gate restore the
-//! hit rate and shorten the rollout.
+//! The simulator's story (README, docs/simulator.md), asserted on the
+//! built-in `thrash` scenario (the default comparison): without a gate the
+//! prefix cache collapses late in the rollout and late turns get
+//! disproportionately slower; the reference-default gate does about
+//! nothing (as measured on a real vLLM engine); a session cap and the
+//! tuned gate restore the hit rate and shorten the rollout.
 
 use kvgate_sim::compare;
 use kvgate_sim::metrics::{RunResult, Summary};
