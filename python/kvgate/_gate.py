@@ -200,7 +200,12 @@ class Stats:
 
 @dataclasses.dataclass(frozen=True)
 class SessionStats:
-    """One session's figures (``kvgate_session_stats``)."""
+    """One session's figures (``kvgate_session_stats``).
+
+    ``retaining_leases``, ``reserved``, ``in_grace`` and
+    ``grace_remaining_sec`` describe the reference mode's reservation; in
+    working-set mode they read 0 / False (a lease holds the session's
+    working-set place instead: :attr:`Lease.retain_session`)."""
 
     num_preempted: int
     attempts: int
@@ -433,7 +438,14 @@ def _status_name(status: int) -> str:
 class Lease:
     """One admitted turn. Release it once when the engine is done with the
     turn: ``with``/``async with`` does it on every exit path; a lease that is
-    garbage-collected unreleased is released then, with a ResourceWarning."""
+    garbage-collected unreleased is released then, with a ResourceWarning.
+
+    ``retain_session``: whether the lease holds the session's place. In
+    reference mode, its reservation (``RESERVED_SESSION`` and
+    ``RESIDENT_PREFIX`` admissions; counted in
+    :attr:`SessionStats.retaining_leases`); in working-set mode always True,
+    its place in the working set, which is no reservation (the session's
+    reservation figures read 0 / False)."""
 
     __slots__ = (
         "gate", "session", "handle", "reason", "wait_sec", "usage", "hit_ratio",
@@ -768,7 +780,7 @@ class Gate:
                     if inspect.isawaitable(usage):
                         usage = await _await_probe("usage", usage)
                     capacity = None
-                    if self._mode is AdmissionMode.WORKING_SET and self.probes.capacity is not None:
+                    if self._asks_capacity():
                         answer = self._call_probe("capacity", self.probes.capacity, session)
                         if inspect.isawaitable(answer):
                             answer = await _await_probe("capacity", answer)
@@ -812,7 +824,7 @@ class Gate:
                 elif kind is StepKind.PROBE_USAGE:
                     usage = _not_awaitable("usage", self._call_probe("usage", self.probes.usage, session_b))
                     capacity = None
-                    if self._mode is AdmissionMode.WORKING_SET and self.probes.capacity is not None:
+                    if self._asks_capacity():
                         capacity = _capacity(
                             _not_awaitable(
                                 "capacity", self._call_probe("capacity", self.probes.capacity, session_b)
@@ -851,6 +863,14 @@ class Gate:
                 return
 
     # -- probes --------------------------------------------------------------
+
+    def _asks_capacity(self) -> bool:
+        """Whether the capacity probe goes with the usage answer just received:
+        only in working-set mode (reference mode never asks it), and never
+        once the gate is closed, e.g. by the usage probe itself: after a
+        close (which frees the library's gate) no probe is called again,
+        and the attempt ends with Closed on the usage answer."""
+        return self._mode is AdmissionMode.WORKING_SET and self.probes.capacity is not None and not self._closing
 
     def _call_probe(self, name: str, probe: Optional[Callable[..., Any]], *args: Any) -> Any:
         if probe is None:
