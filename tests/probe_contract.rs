@@ -9,7 +9,7 @@
 //! never in reference mode. The C hosts test the same through the ABI
 //! (`ffi-examples/c/promises.c`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use kvgate::{AcquireError, AdmissionMode, Config, EngineCapacity, Gate, Probe, Reason};
@@ -19,6 +19,8 @@ use kvgate::{AcquireError, AdmissionMode, Config, EngineCapacity, Gate, Probe, R
 #[derive(Default)]
 struct CountingProbe {
     usage: f64,
+    /// Overrides `usage` once set (f64 bits; 0 = not set).
+    usage_now: AtomicU64,
     close_in_usage: bool,
     gate: OnceLock<Gate>,
     usage_calls: AtomicUsize,
@@ -43,7 +45,10 @@ impl Probe for CountingProbe {
         if self.close_in_usage {
             self.gate.get().expect("gate set before acquiring").close();
         }
-        Some(self.usage)
+        match self.usage_now.load(Ordering::SeqCst) {
+            0 => Some(self.usage),
+            bits => Some(f64::from_bits(bits)),
+        }
     }
 
     fn prefix_hit_ratio(&self, _session: &[u8], _prompt: &[u32]) -> Option<f64> {
@@ -188,4 +193,41 @@ fn retain_session_and_the_session_reservation_agree_per_mode() {
             "{mode:?}: retain_session is the working-set place, or a reservation"
         );
     }
+}
+
+/// kvgate.h, `kvgate_admission.hit_ratio`: "NaN when it was not asked ...
+/// Never carried over from an earlier pass." A turn held out on a cold
+/// prefix, then admitted open on a later pass, reports no hit ratio.
+#[test]
+fn the_hit_ratio_is_never_carried_over_from_an_earlier_pass() {
+    let (gate, probe) = gate(
+        AdmissionMode::Reference,
+        CountingProbe {
+            usage: 0.10,
+            ..CountingProbe::default()
+        },
+    );
+    let holder = gate.acquire(b"x", &[1]).expect("open");
+    probe.usage_now.store(0.95f64.to_bits(), Ordering::SeqCst);
+    let waiter = {
+        let gate = gate.clone();
+        std::thread::spawn(move || gate.acquire(b"w", &[1, 2]))
+    };
+    let start = std::time::Instant::now();
+    while gate.stats().waiting_attempts == 0 {
+        assert!(start.elapsed().as_secs() < 30, "the waiter never slept");
+        std::thread::yield_now();
+    }
+    assert_eq!(probe.prefix_calls.load(Ordering::SeqCst), 1);
+    probe.usage_now.store(0.10f64.to_bits(), Ordering::SeqCst);
+    drop(holder); // the release wakes the waiter, which probes again
+    let lease = waiter.join().expect("no panic").expect("admitted");
+    let admission = lease.admission();
+    assert_eq!(admission.reason, Reason::Open);
+    assert!(admission.waited);
+    assert_eq!(admission.usage, Some(0.10));
+    assert_eq!(
+        admission.hit_ratio, None,
+        "the first pass's prefix answer was carried over"
+    );
 }

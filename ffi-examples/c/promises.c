@@ -20,6 +20,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,10 +430,120 @@ static void strings_never_null(void) {
     }
 }
 
+/* "status and reason values are never reused; structs never change layout
+ * (new fields come with new structs and functions)"; the stats structs
+ * are size-prefixed and "new figures are only ever appended". Pinned as
+ * released (LP64: the platforms the library is built and tested on). */
+static void values_and_layouts_pinned(void) {
+    CHECK(KVGATE_OK == 0 && KVGATE_PREEMPTED == 1 && KVGATE_TIMED_OUT == 2 &&
+          KVGATE_CANCELLED == 3 && KVGATE_CLOSED == 4 && KVGATE_INVALID_ARGUMENT == 5 &&
+          KVGATE_UNKNOWN_LEASE == 6 && KVGATE_NOT_FOUND == 7 && KVGATE_PANIC == 8 &&
+          KVGATE_BUFFER_TOO_SMALL == 9 && KVGATE_OUT_OF_ORDER == 10 && KVGATE_OS_ERROR == 11);
+    CHECK(KVGATE_REASON_OPEN == 0 && KVGATE_REASON_RESERVED_SESSION == 1 &&
+          KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE == 2 && KVGATE_REASON_RESIDENT_PREFIX == 3 &&
+          KVGATE_REASON_FITS_WORKING_SET == 4 && KVGATE_REASON_EMPTY_WORKING_SET == 5 &&
+          KVGATE_REASON_WAIT_BOUND == 6 && KVGATE_REASON_RUNNING_COLD_PAYS == 7 &&
+          KVGATE_REASON_ENGINE_IDLE == 8);
+    CHECK(KVGATE_STEP_PROBE_USAGE == 0 && KVGATE_STEP_PROBE_PREFIX == 1 &&
+          KVGATE_STEP_SLEEP == 2 && KVGATE_STEP_ADMITTED == 3 && KVGATE_STEP_FAILED == 4);
+    CHECK(KVGATE_ADMISSION_MODE_WORKING_SET == 0 && KVGATE_ADMISSION_MODE_REFERENCE == 1);
+    if (sizeof(void *) == 8) {
+        CHECK(sizeof(kvgate_admission) == 48 && offsetof(kvgate_admission, reason) == 8 &&
+              offsetof(kvgate_admission, wait_sec) == 16 && offsetof(kvgate_admission, usage) == 24 &&
+              offsetof(kvgate_admission, hit_ratio) == 32 &&
+              offsetof(kvgate_admission, retain_session) == 40 &&
+              offsetof(kvgate_admission, waited) == 41);
+        CHECK(sizeof(kvgate_step) == 72 && offsetof(kvgate_step, status) == 4 &&
+              offsetof(kvgate_step, until_ns) == 8 && offsetof(kvgate_step, sleep_ns) == 16 &&
+              offsetof(kvgate_step, admission) == 24);
+        /* Appended to, never rearranged: every field released stays put. */
+        CHECK(offsetof(kvgate_stats, tracked_sessions) == 224 &&
+              offsetof(kvgate_stats, working_set_reprefill_sec) == 368 &&
+              sizeof(kvgate_stats) >= 376);
+        CHECK(offsetof(kvgate_session_stats, retaining_leases) == 68 &&
+              offsetof(kvgate_session_stats, reserved) == 73 &&
+              offsetof(kvgate_session_stats, idle_sec) == 96 && sizeof(kvgate_session_stats) >= 104);
+    }
+}
+
+/* kvgate_config_set_probes: "the library never reads, frees or copies what
+ * [user_data] points to": a user_data that points nowhere is passed to the
+ * probes unchanged, and nothing else touches it (a read would fault, and
+ * ASan/valgrind would name it). */
+static void *const nowhere = (void *)(uintptr_t)0x10;
+static unsigned long opaque_calls = 0;
+static bool opaque_usage(void *user_data, const uint8_t *session_id, size_t session_id_len,
+                         double *out_usage) {
+    (void)session_id;
+    (void)session_id_len;
+    CHECK(user_data == nowhere);
+    opaque_calls++;
+    *out_usage = 0.95;
+    return true;
+}
+static bool opaque_prefix(void *user_data, const uint8_t *session_id, size_t session_id_len,
+                          const uint32_t *prompt_ids, size_t prompt_len, double *out_hit_ratio) {
+    (void)session_id;
+    (void)session_id_len;
+    (void)prompt_ids;
+    (void)prompt_len;
+    CHECK(user_data == nowhere);
+    opaque_calls++;
+    *out_hit_ratio = 0.95;
+    return true;
+}
+static bool opaque_capacity(void *user_data, const uint8_t *session_id, size_t session_id_len,
+                            uint64_t *out_tokens, uint32_t *out_block_tokens, double *out_rate) {
+    (void)session_id;
+    (void)session_id_len;
+    CHECK(user_data == nowhere);
+    opaque_calls++;
+    *out_tokens = 1u << 20;
+    *out_block_tokens = 16;
+    *out_rate = 0.0;
+    return true;
+}
+
+static void user_data_is_opaque(uint32_t mode) {
+    kvgate_config *config = kvgate_config_new();
+    kvgate_gate *gate = NULL;
+    kvgate_admission a;
+    CHECK(config != NULL);
+    CHECK_STATUS(kvgate_config_set_admission_mode(config, mode), KVGATE_OK);
+    CHECK_STATUS(kvgate_config_set_probes(config, opaque_usage, opaque_prefix, nowhere), KVGATE_OK);
+    CHECK_STATUS(kvgate_config_set_capacity_probe(config, opaque_capacity), KVGATE_OK);
+    CHECK_STATUS(kvgate_new(config, &gate), KVGATE_OK);
+    kvgate_config_free(config);
+    opaque_calls = 0;
+    for (int i = 0; i < 8; i++) {
+        CHECK_STATUS(acquire(gate, i % 2 ? "p" : "q", -1, &a), KVGATE_OK);
+        CHECK_STATUS(kvgate_release(gate, a.lease), KVGATE_OK);
+    }
+    kvgate_free(gate);
+    CHECK(opaque_calls >= 8);
+}
+
+/* KVGATE_UNKNOWN_LEASE for a handle "never issued by this gate", and
+ * KVGATE_NOT_FOUND for a session "never seen". */
+static void never_issued_never_seen(uint32_t mode) {
+    kvgate_gate *gate = new_gate(mode, NULL);
+    kvgate_session_stats s;
+    CHECK_STATUS(kvgate_release(gate, (uint64_t)1 << 40), KVGATE_UNKNOWN_LEASE);
+    CHECK_STATUS(kvgate_release_with_report(gate, 7, 0, 0), KVGATE_UNKNOWN_LEASE);
+    CHECK_STATUS(kvgate_finish_session(gate, (const uint8_t *)"ghost", 5, NULL, 0), KVGATE_NOT_FOUND);
+    CHECK_STATUS(kvgate_get_session_stats(gate, (const uint8_t *)"ghost", 5, &s, sizeof s),
+                 KVGATE_NOT_FOUND);
+    CHECK_STATUS(kvgate_cancel_session(gate, (const uint8_t *)"ghost", 5), KVGATE_NOT_FOUND);
+    kvgate_free(gate);
+}
+
 int main(void) {
     const uint32_t modes[2] = {KVGATE_ADMISSION_MODE_WORKING_SET, KVGATE_ADMISSION_MODE_REFERENCE};
     strings_never_null();
+    values_and_layouts_pinned();
     for (int m = 0; m < 2; m++) {
+        user_data_is_opaque(modes[m]);
+        never_issued_never_seen(modes[m]);
         free_inside_the_usage_probe(modes[m]);
         capacity_probe_calls(modes[m]);
         retained_session_figures(modes[m]);
