@@ -4,7 +4,7 @@
         --policies none,cap-2,cap-3,cap-4,cap-5,cap-6,kvgate,kvgate:high_watermark=0.2,idle_grace_sec=1,wait_poll_sec=1 \
         --steps-csv /tmp/kvgate-steps.csv
 
-Workload: ../shared/notes/adaptive-admission.md §1 (kvgate_vllm.workload; 24 sessions x
+Workload: ../shared/notes/adaptive-admission.md §1 (kvgate_vllm.testing.workload; 24 sessions x
 10 turns by default), the `small` prefill-dominated model, 400 blocks of 32 tokens,
 max_num_batched_tokens 2048. The engine is stepped on the main thread; probes and
 requests are posted to it by one thread per session and served between steps (as
@@ -62,8 +62,8 @@ from typing import Any, Callable, Optional
 import kvgate
 
 from kvgate_vllm import feedback, knobs, prefill_rate
-from kvgate_vllm.engine import core_of, make_engine, sampling
-from kvgate_vllm.workload import Workload
+from kvgate_vllm.testing.engine import core_of, make_engine, sampling
+from kvgate_vllm.testing.workload import Workload
 
 
 @dataclasses.dataclass
