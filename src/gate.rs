@@ -347,8 +347,10 @@ impl Gate {
         self.shared.core.cancel_session(session)
     }
 
-    /// Closes the gate: attempts in progress return [`AcquireError::Closed`],
-    /// new ones are refused. Leases already granted stay valid. Idempotent.
+    /// Closes the gate: attempts in progress return [`AcquireError::Closed`]
+    /// and ask no probe again (one inside a probe, which may be the one
+    /// that closed the gate, returns once that probe returns), new ones are
+    /// refused. Leases already granted stay valid. Idempotent.
     pub fn close(&self) {
         self.shared.core.close();
     }
