@@ -384,9 +384,10 @@ typedef bool (*kvgate_prefix_fn)(void *user_data,
  * (`kvgate_release_with_report`): the gate then measures a rate from them;
  * with neither it keeps a 2 s refill window whatever the engine (README,
  * "Simulator": `decode-heavy` 1.22x the best cap against 0.94x).
- * Working-set admission asks it with every usage probe; reference mode
- * never calls it. Same threading and `user_data` contract as
- * `kvgate_usage_fn`.
+ * Working-set admission asks it right after every usage probe (unless
+ * the gate was closed or freed meanwhile, e.g. by the usage probe);
+ * reference mode never calls it. Same threading and `user_data` contract
+ * as `kvgate_usage_fn`.
  */
 typedef bool (*kvgate_capacity_fn)(void *user_data,
                                    const uint8_t *session_id,
@@ -426,9 +427,14 @@ typedef struct kvgate_admission {
      */
     double hit_ratio;
     /**
-     * Whether the lease holds the session's reservation (its ownership
-     * window): true for `KVGATE_REASON_RESERVED_SESSION` and
-     * `KVGATE_REASON_RESIDENT_PREFIX`.
+     * Whether the lease holds the session's place, by mode. Reference
+     * mode: the session's reservation (its ownership window), true for
+     * `KVGATE_REASON_RESERVED_SESSION` and `KVGATE_REASON_RESIDENT_PREFIX`,
+     * and counted in `kvgate_session_stats.retaining_leases`. Working-set
+     * mode: always true, the session's place in the working set (kept
+     * between turns for `working_set_window_sec`), which is not a
+     * reservation: the session's reservation figures (`retaining_leases`,
+     * `reserved`, `in_grace`) stay 0 / false in that mode.
      */
     bool retain_session;
     /**
@@ -483,7 +489,10 @@ typedef struct kvgate_session_stats {
      */
     uint32_t active_leases;
     /**
-     * Of those, the leases holding the session's reservation.
+     * Of those, the leases holding the session's reservation (reference
+     * mode; always 0 in working-set mode, which keeps no reservation:
+     * there every lease holds the session's working-set place, see
+     * `kvgate_admission.retain_session`).
      */
     uint32_t retaining_leases;
     /**
@@ -492,11 +501,13 @@ typedef struct kvgate_session_stats {
     bool attempt_pending;
     /**
      * Whether the session owns a reservation: held by an in-flight request
-     * or in its idle grace window.
+     * or in its idle grace window (reference mode; always false in
+     * working-set mode).
      */
     bool reserved;
     /**
-     * Whether the reservation is in its idle grace window.
+     * Whether the reservation is in its idle grace window (reference
+     * mode; always false in working-set mode).
      */
     bool in_grace;
     /**
@@ -629,11 +640,13 @@ typedef struct kvgate_stats {
      */
     uint64_t waiting_attempts;
     /**
-     * Gauge: sessions whose reservation is held by an in-flight request.
+     * Gauge: sessions whose reservation is held by an in-flight request
+     * (reference mode; 0 in working-set mode, see `working_set_sessions`).
      */
     uint64_t reserved_in_flight;
     /**
-     * Gauge: sessions in their idle grace window.
+     * Gauge: sessions in their idle grace window (reference mode; 0 in
+     * working-set mode).
      */
     uint64_t reserved_in_grace;
     /**
@@ -909,15 +922,21 @@ kvgate_status kvgate_config_set_session_retention_sec(struct kvgate_config *conf
 
 /**
  * Sets the host's probes, which `kvgate_new` copies into the gate. By
- * default both are NULL (always unavailable: every turn is admitted
- * `KVGATE_REASON_OPEN`).
+ * default both are NULL, and so is the capacity probe
+ * (`kvgate_config_set_capacity_probe`): always unavailable. Then every
+ * turn is admitted at once, by mode: reference mode admits each
+ * `KVGATE_REASON_OPEN`; working-set mode admits each by the working set,
+ * `KVGATE_REASON_EMPTY_WORKING_SET` when no other session is in it and
+ * `KVGATE_REASON_FITS_WORKING_SET` otherwise (with neither usage nor
+ * capacity answers the capacity stays unknown, so nobody is held out).
  *
  * A NULL function pointer means that probe is always unavailable.
  * `user_data` is passed, unchanged, as the first argument of every probe
  * call; the library never reads, frees or copies what it points to. It
  * must stay valid, and be safe to use from several threads at once, until
  * `kvgate_free` on the gate has returned: after that no probe is called
- * again.
+ * again, not even by a `kvgate_acquire` whose own probe called
+ * `kvgate_free` (it returns `KVGATE_CLOSED` without asking another).
  *
  * How probes grow: each is set on this builder, never through a struct, so
  * a later probe (the engine's KV capacity, say) comes with its own setter

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the C ABI (release) and runs every host against it: the header
-# compiled alone as C99 and C++17, the README's C snippet, the C host (plain,
-# under valgrind memcheck, and with ASan+UBSan), the C++ host and the Python
+# compiled alone as C99 and C++17, the README's C snippet, the C hosts (plain,
+# under valgrind memcheck, and with ASan+UBSan: host.c, event_loop.c and
+# promises.c, the header's promises one check each), the C++ host and the Python
 # proxy. Each host checks what it does and exits non-zero on failure; this
 # script also checks their output. Called by scripts/test.sh; needs cc, c++,
 # make, pkg-config, valgrind and python3 (.ci/run installs them).
@@ -116,6 +117,32 @@ grep -q __asan_init "$out/c/event_loop-asan.nm" || fail "event_loop-asan is not 
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_and_expect c-event-loop-asan "${el_expect[@]}" -- "$out/c/event_loop-asan"
+
+step "C promises host (the header's promises, both modes; issue 37)"
+pr_expect=('^working_set: free inside the usage probe: acquire closed, no probe called afterwards$'
+    '^reference: free inside the usage probe: acquire closed, no probe called afterwards$'
+    '^reference: [0-9]+ usage probes, 0 capacity probes, [0-9]+ prefix probes$'
+    '^working_set: retain_session and the session.s reservation figures agree$'
+    '^reference: retain_session and the session.s reservation figures agree$'
+    '^working_set: NULL probes: every turn admitted \(fits_working_set\)$'
+    '^reference: NULL probes: every turn admitted \(open\)$'
+    '^c promises: [0-9]+ checks passed$')
+run_and_expect c-promises "${pr_expect[@]}" -- "$out/c/promises"
+
+step "C promises host under valgrind memcheck"
+run_and_expect c-promises-valgrind "${pr_expect[@]}" 'ERROR SUMMARY: 0 errors' \
+    'definitely lost: 0 bytes|All heap blocks were freed' -- \
+    valgrind --tool=memcheck --leak-check=full --show-leak-kinds=all \
+    --errors-for-leak-kinds=all --suppressions=ffi-examples/c/valgrind.supp \
+    --error-exitcode=1 "$out/c/promises"
+grep -E 'lost:|still reachable:|suppressed:|All heap blocks|ERROR SUMMARY' "$out/c-promises-valgrind.log" | sed 's/^==[0-9]*== *//'
+
+step "C promises host with -fsanitize=address,undefined (libkvgate.a)"
+nm "$out/c/promises-asan" >"$out/c/promises-asan.nm"
+grep -q __asan_init "$out/c/promises-asan.nm" || fail "promises-asan is not instrumented"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_and_expect c-promises-asan "${pr_expect[@]}" -- "$out/c/promises-asan"
 
 step "C++ host (kvgate.hpp, std::thread)"
 make -s -C ffi-examples/cpp OUT="$out/cpp"

@@ -14,7 +14,7 @@ use crate::core::{
 use crate::error::AcquireError;
 use crate::lease::Lease;
 use crate::parker::{Parker, ParkerHandle};
-use crate::probe::Probe;
+use crate::probe::{EngineCapacity, Probe};
 use crate::sync::Arc;
 use crate::watch::DeadlineWatch;
 use crate::TurnReport;
@@ -47,6 +47,20 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn release(&self, token: LeaseToken, report: TurnReport) {
         self.core.release_with(token, report, self.clock.now_ns());
+    }
+
+    /// The capacity probe's answer that goes with a usage answer just
+    /// received, or `None` without asking it: reference mode never asks it
+    /// (its table has no use for it), and neither does an attempt whose
+    /// gate closed meanwhile, e.g. from inside the usage probe (a C host
+    /// may even have freed the gate there, and the probes' `user_data`
+    /// with it: after that no probe may be called again). The attempt then
+    /// fails `Closed` on the answer without asking anything more.
+    fn probe_capacity(&self, session: &[u8]) -> Option<EngineCapacity> {
+        if !self.core.wants_capacity() || self.core.is_closed() {
+            return None;
+        }
+        self.probe.kv_cache_capacity(session)
     }
 }
 
@@ -250,7 +264,7 @@ impl Gate {
             let next = match step.expect("the blocking driver answers what was asked") {
                 Step::ProbeUsage => {
                     let usage = shared.probe.kv_cache_usage(session);
-                    let capacity = shared.probe.kv_cache_capacity(session);
+                    let capacity = shared.probe_capacity(session);
                     attempt.on_cache_state(usage, capacity, clock.now_ns())
                 }
                 Step::ProbePrefix => {
@@ -333,8 +347,10 @@ impl Gate {
         self.shared.core.cancel_session(session)
     }
 
-    /// Closes the gate: attempts in progress return [`AcquireError::Closed`],
-    /// new ones are refused. Leases already granted stay valid. Idempotent.
+    /// Closes the gate: attempts in progress return [`AcquireError::Closed`]
+    /// and ask no probe again (one inside a probe, which may be the one
+    /// that closed the gate, returns once that probe returns), new ones are
+    /// refused. Leases already granted stay valid. Idempotent.
     pub fn close(&self) {
         self.shared.core.close();
     }

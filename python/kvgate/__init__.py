@@ -30,18 +30,11 @@ from ._errors import (
     UnknownLease,
 )
 from ._ffi import NO_LEASE, AdmissionMode, Reason, Status, StepKind, last_error, library_path, load, loaded_path
-from ._gate import (
-    Attempt,
-    Capacity,
-    Config,
-    Gate,
-    Lease,
-    Probes,
-    SessionStats,
-    Stats,
-    Waker,
-    version,
-)
+from ._attempt import Attempt, Waker
+from ._config import Capacity, Config, Probes
+from ._figures import SessionStats, Stats
+from ._gate import Gate, version
+from ._lease import Lease
 
 __version__ = "0.1.0"
 

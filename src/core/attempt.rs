@@ -110,7 +110,12 @@ pub struct Admission {
     /// Prefix hit ratio of the deciding pass (`None` if not asked or unavailable).
     /// Unlike the reference, never carried over from an earlier pass.
     pub hit_ratio: Option<f64>,
-    /// Whether the lease holds the session's reservation.
+    /// Whether the lease holds the session's place: in reference mode its
+    /// reservation (as
+    /// [`SessionStats::reservation`](crate::SessionStats::reservation)
+    /// counts), in working-set mode always, its place in the working set
+    /// (no reservation: the session's `reservation` stays
+    /// [`ReservationState::None`](crate::ReservationState)).
     pub retain_session: bool,
 }
 

@@ -182,6 +182,13 @@ impl Core {
         self.ledger.is_some()
     }
 
+    /// Whether admission uses the engine's capacity (the capacity probe's
+    /// answer with each usage answer): working-set admission does, the
+    /// reference table does not (a driver must not ask the engine for it).
+    pub fn wants_capacity(&self) -> bool {
+        self.ledger.is_some()
+    }
+
     /// Makes `slot` (which nobody else holds) the pending attempt of
     /// `session`, preempting an older one; returns the slot, named, and the
     /// session's key.

@@ -366,13 +366,13 @@ impl GateStats {
             (
                 "reserved_in_flight",
                 "gauge",
-                "Sessions whose reservation is held by an in-flight request.",
+                "Sessions whose reservation is held by an in-flight request (reference mode).",
                 self.reserved_in_flight as f64,
             ),
             (
                 "reserved_in_grace",
                 "gauge",
-                "Sessions in their idle grace window.",
+                "Sessions in their idle grace window (reference mode).",
                 self.reserved_in_grace as f64,
             ),
             (
@@ -515,7 +515,9 @@ pub struct SessionStats {
     pub active_leases: u32,
     /// Whether an attempt of this session is competing for admission now.
     pub attempt_pending: bool,
-    /// The session's reservation.
+    /// The session's reservation (reference mode; always
+    /// [`ReservationState::None`] in working-set mode, where a lease holds
+    /// the session's working-set place instead).
     pub reservation: ReservationState,
     /// Prompt length of the newest admitted attempt.
     pub last_admitted_prompt_len: usize,

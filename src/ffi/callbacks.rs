@@ -61,9 +61,10 @@ pub type kvgate_prefix_fn = Option<
 /// (`kvgate_release_with_report`): the gate then measures a rate from them;
 /// with neither it keeps a 2 s refill window whatever the engine (README,
 /// "Simulator": `decode-heavy` 1.22x the best cap against 0.94x).
-/// Working-set admission asks it with every usage probe; reference mode
-/// never calls it. Same threading and `user_data` contract as
-/// `kvgate_usage_fn`.
+/// Working-set admission asks it right after every usage probe (unless
+/// the gate was closed or freed meanwhile, e.g. by the usage probe);
+/// reference mode never calls it. Same threading and `user_data` contract
+/// as `kvgate_usage_fn`.
 pub type kvgate_capacity_fn = Option<
     unsafe extern "C" fn(
         user_data: *mut c_void,

@@ -181,15 +181,21 @@ pub unsafe extern "C" fn kvgate_config_set_session_retention_sec(
 }
 
 /// Sets the host's probes, which `kvgate_new` copies into the gate. By
-/// default both are NULL (always unavailable: every turn is admitted
-/// `KVGATE_REASON_OPEN`).
+/// default both are NULL, and so is the capacity probe
+/// (`kvgate_config_set_capacity_probe`): always unavailable. Then every
+/// turn is admitted at once, by mode: reference mode admits each
+/// `KVGATE_REASON_OPEN`; working-set mode admits each by the working set,
+/// `KVGATE_REASON_EMPTY_WORKING_SET` when no other session is in it and
+/// `KVGATE_REASON_FITS_WORKING_SET` otherwise (with neither usage nor
+/// capacity answers the capacity stays unknown, so nobody is held out).
 ///
 /// A NULL function pointer means that probe is always unavailable.
 /// `user_data` is passed, unchanged, as the first argument of every probe
 /// call; the library never reads, frees or copies what it points to. It
 /// must stay valid, and be safe to use from several threads at once, until
 /// `kvgate_free` on the gate has returned: after that no probe is called
-/// again.
+/// again, not even by a `kvgate_acquire` whose own probe called
+/// `kvgate_free` (it returns `KVGATE_CLOSED` without asking another).
 ///
 /// How probes grow: each is set on this builder, never through a struct, so
 /// a later probe (the engine's KV capacity, say) comes with its own setter

@@ -39,9 +39,14 @@ pub struct kvgate_admission {
     /// asked (usage below the watermark, or a reserved session) or was
     /// unavailable. Never carried over from an earlier pass.
     pub hit_ratio: f64,
-    /// Whether the lease holds the session's reservation (its ownership
-    /// window): true for `KVGATE_REASON_RESERVED_SESSION` and
-    /// `KVGATE_REASON_RESIDENT_PREFIX`.
+    /// Whether the lease holds the session's place, by mode. Reference
+    /// mode: the session's reservation (its ownership window), true for
+    /// `KVGATE_REASON_RESERVED_SESSION` and `KVGATE_REASON_RESIDENT_PREFIX`,
+    /// and counted in `kvgate_session_stats.retaining_leases`. Working-set
+    /// mode: always true, the session's place in the working set (kept
+    /// between turns for `working_set_window_sec`), which is not a
+    /// reservation: the session's reservation figures (`retaining_leases`,
+    /// `reserved`, `in_grace`) stay 0 / false in that mode.
     pub retain_session: bool,
     /// Whether the attempt slept at least once before it was admitted.
     pub waited: bool,

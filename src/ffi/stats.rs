@@ -71,9 +71,11 @@ pub struct kvgate_stats {
     pub pending_attempts: u64,
     /// Gauge: attempts asleep waiting for admission.
     pub waiting_attempts: u64,
-    /// Gauge: sessions whose reservation is held by an in-flight request.
+    /// Gauge: sessions whose reservation is held by an in-flight request
+    /// (reference mode; 0 in working-set mode, see `working_set_sessions`).
     pub reserved_in_flight: u64,
-    /// Gauge: sessions in their idle grace window.
+    /// Gauge: sessions in their idle grace window (reference mode; 0 in
+    /// working-set mode).
     pub reserved_in_grace: u64,
     /// Gauge: session records kept.
     pub tracked_sessions: u64,
@@ -213,14 +215,19 @@ pub struct kvgate_session_stats {
     pub cancelled: u64,
     /// Leases of this session currently held.
     pub active_leases: u32,
-    /// Of those, the leases holding the session's reservation.
+    /// Of those, the leases holding the session's reservation (reference
+    /// mode; always 0 in working-set mode, which keeps no reservation:
+    /// there every lease holds the session's working-set place, see
+    /// `kvgate_admission.retain_session`).
     pub retaining_leases: u32,
     /// Whether an attempt of this session is competing for admission now.
     pub attempt_pending: bool,
     /// Whether the session owns a reservation: held by an in-flight request
-    /// or in its idle grace window.
+    /// or in its idle grace window (reference mode; always false in
+    /// working-set mode).
     pub reserved: bool,
-    /// Whether the reservation is in its idle grace window.
+    /// Whether the reservation is in its idle grace window (reference
+    /// mode; always false in working-set mode).
     pub in_grace: bool,
     /// Seconds left in the grace window; 0 unless `in_grace`.
     pub grace_remaining_sec: f64,

@@ -15,7 +15,7 @@ import random
 import statistics
 import time
 
-from kvgate_vllm.engine import core_of, make_engine, random_prompt, run_to_completion, sampling
+from kvgate_vllm.testing.engine import core_of, make_engine, random_prompt, run_to_completion, sampling
 
 
 def median_ms(fn, reps: int) -> float:

@@ -16,8 +16,8 @@ import time
 import kvgate
 import openai
 
-from kvgate_vllm.server import Server, metric
-from kvgate_vllm.workload import Workload
+from kvgate_vllm.testing.launcher import Server, metric
+from kvgate_vllm.testing.workload import Workload
 
 
 async def run_sessions(srv: Server, w: Workload) -> float:

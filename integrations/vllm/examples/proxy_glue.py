@@ -17,8 +17,9 @@ import random
 from vllm import AsyncEngineArgs
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from kvgate_vllm import feedback, models, probes
-from kvgate_vllm.engine import random_prompt, sampling
+from kvgate_vllm import feedback, probes
+from kvgate_vllm.testing import models
+from kvgate_vllm.testing.engine import random_prompt, sampling
 from kvgate_vllm.serve import Gates
 
 

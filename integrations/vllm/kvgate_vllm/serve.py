@@ -24,8 +24,10 @@ every OpenAI endpoint makes per request) and adds a small ASGI middleware:
   per session; a newer attempt supersedes a waiting older one, which ends with
   `kvgate.Preempted` and is answered HTTP 409 (a client that retried gets only
   its newest turn admitted). If the older turn is already running, the newer one
-  is admitted by the decision table on its own (normally `reserved_session`: the
-  session owns its window).
+  is admitted on its own: in working-set mode the session already holds its
+  working-set place (every lease does: `Lease.retain_session` is True, and the
+  session's reservation figures read 0 / False, that mode keeping none); in
+  reference mode normally `reserved_session` (the session owns its window).
 - Data parallel (internal load balancer): one gate per engine. A session is
   pinned to an engine (the request's own `data_parallel_rank` if it has one,
   else a stable hash of the session id), the request is sent there, and its

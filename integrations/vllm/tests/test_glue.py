@@ -121,3 +121,88 @@ def test_the_paired_summary_takes_each_round_against_its_own_best_cap() -> None:
     assert k["hit_rate_over_cap3"] == pytest.approx([0.9, 0.95])
     one = real_engine.paired_summary(rounds[:1])["kvgate"]
     assert one["ci95_half_width"] is None and one["mean"] == pytest.approx(0.9)
+
+
+class _EngineCore:
+    """A stand-in engine-core client: answers kvgate's UTILITY calls, logs
+    them, and runs `on_call(method)` first (which may block or close)."""
+
+    def __init__(self, on_call) -> None:
+        self.calls: list[str] = []
+        self.on_call = on_call
+
+    async def call_utility_async(self, method: str, *args: object) -> object:
+        self.calls.append(method)
+        await self.on_call(method)
+        return {
+            "kvgate_usage": 0.95,
+            "kvgate_capacity": {"capacity_tokens": 1 << 20, "block_size": 16, "prefill_tokens_per_sec": 0.0},
+            "kvgate_prefix": (19, 20),
+        }[method]
+
+
+class _LLM:
+    def __init__(self, core: _EngineCore) -> None:
+        self.engine_core = core
+
+
+@pytest.mark.parametrize("mode", ["working_set", "reference"])
+def test_a_gate_closed_from_inside_its_usage_probe_asks_the_engine_nothing_more(mode: str) -> None:
+    """kvgate.h: once the gate is freed no probe is called again; the plugin's
+    probes are `async def`s awaiting the engine (issue 37)."""
+    import asyncio
+
+    gates: serve.Gates
+
+    async def on_call(method: str) -> None:
+        if method == "kvgate_usage":
+            gates.gate(0).close()  # frees the library's gate: no call is in progress on it
+
+    core = _EngineCore(on_call)
+    gates = serve.Gates(_LLM(core), {"admission_mode": mode})
+
+    async def scenario() -> None:
+        with pytest.raises(kvgate.Closed):
+            await gates.gate(0).acquire(b"s", [1, 2, 3])
+
+    asyncio.run(scenario())
+    assert gates.gate(0).closed and gates.gate(0)._raw is None
+    assert core.calls == ["kvgate_usage"]
+
+
+@pytest.mark.parametrize(
+    "mode, at_engine",
+    [("working_set", "kvgate_usage"), ("working_set", "kvgate_capacity"), ("reference", "kvgate_usage"), ("reference", "kvgate_prefix")],
+)
+def test_cancelling_a_request_while_its_probe_is_at_the_engine_cancels_the_attempt(mode: str, at_engine: str) -> None:
+    """The request's task is cancelled (its client went away) while a probe's
+    UTILITY call is out: the attempt ends cancelled, nothing leaks, and the
+    session is admitted again at once (issue 37)."""
+    import asyncio
+
+    async def scenario() -> None:
+        out = asyncio.Event()
+        release = asyncio.Event()
+
+        async def on_call(method: str) -> None:
+            if method == at_engine and not release.is_set():
+                out.set()
+                await release.wait()
+
+        core = _EngineCore(on_call)
+        gates = serve.Gates(_LLM(core), {"admission_mode": mode})
+        gate = gates.gate(0)
+        task = asyncio.create_task(gate.acquire(b"s", [1, 2, 3]))
+        await asyncio.wait_for(out.wait(), 10)
+        assert gate.stats().pending_attempts == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        s = gate.stats()
+        assert (s.cancelled, s.pending_attempts, s.active_leases, s.admissions) == (1, 0, 0, 0)
+        release.set()
+        lease = await asyncio.wait_for(gate.acquire(b"s", [1, 2, 3]), 10)
+        lease.release()
+        gate.close()
+
+    asyncio.run(scenario())

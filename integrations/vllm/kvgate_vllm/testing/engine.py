@@ -8,7 +8,8 @@ import os
 import random
 from typing import Any
 
-from . import models, probes
+from .. import probes
+from . import models
 
 BLOCK_SIZE = 32
 
