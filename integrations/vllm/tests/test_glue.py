@@ -27,6 +27,28 @@ def test_policy_specs_pass_knobs_through() -> None:
     assert serve.parse_config("high_watermark=0.2, mode=working_set") == {"high_watermark": 0.2, "mode": "working_set"}
 
 
+def test_each_step_records_the_simulator_s_regressors() -> None:
+    """`--steps-csv` rows carry what `kvgate-sim --fit-steps` fits: prefill tokens,
+    decode sequences, the context attention reads (computed tokens after the step)
+    and the query-key pairs attended (n new tokens after c attend n*c + n*(n+1)/2)."""
+    from types import SimpleNamespace as NS
+
+    requests = {
+        # a 256-token chunk after 1,024 computed prompt tokens (prompt 2,048)
+        "a": NS(num_computed_tokens=1024 + 256, num_prompt_tokens=2048),
+        # a decode after 600 computed tokens (prompt 500)
+        "b": NS(num_computed_tokens=601, num_prompt_tokens=500),
+    }
+    loop = NS(core=NS(scheduler=NS(requests=requests)))
+    out = NS(num_scheduled_tokens={"a": 256, "b": 1})
+    pf, dc, npf, ndc, ctx, pairs = real_engine.EngineLoop._prefill_decode(loop, out)
+    assert (pf, dc, npf, ndc) == (256, 1, 1, 1)
+    assert ctx == 1280 + 601
+    assert pairs == (256 * 1024 + 256 * 257 // 2) + 601
+    assert real_engine.EngineLoop._prefill_decode(loop, None) == (0, 0, 0, 0, 0, 0)
+    assert [f.name for f in real_engine.dataclasses.fields(real_engine.StepRow)][-2:] == ["context_tokens", "attn_pairs"]
+
+
 def test_knobs_map_onto_the_package_config() -> None:
     cfg = knobs.config(serve.parse_config("admission_mode=reference,high_watermark=0.2,idle_grace_sec=1,wait_poll_sec=60"))
     assert cfg == kvgate.Config(admission_mode="reference", high_watermark=0.2, idle_grace_sec=1.0, wait_poll_sec=60.0)
