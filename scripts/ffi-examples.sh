@@ -118,7 +118,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_and_expect c-event-loop-asan "${el_expect[@]}" -- "$out/c/event_loop-asan"
 
-step "C promises host (the header's promises, both modes; issue 37)"
+step "C promises host (the header's promises, both modes)"
 pr_expect=('^working_set: free inside the usage probe: acquire closed, no probe called afterwards$'
     '^reference: free inside the usage probe: acquire closed, no probe called afterwards$'
     '^reference: [0-9]+ usage probes, 0 capacity probes, [0-9]+ prefix probes$'

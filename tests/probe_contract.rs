@@ -1,4 +1,4 @@
-//! Which probes the blocking gate asks, and when it stops asking (issue 37).
+//! Which probes the blocking gate asks, and when it stops asking.
 //!
 //! The C header promises that no probe is called once `kvgate_free` has
 //! returned, even when a probe itself freed the gate, and that reference
@@ -149,7 +149,7 @@ fn working_set_mode_asks_the_capacity_probe_with_every_usage_probe() {
     assert_eq!(probe.prefix_calls.load(Ordering::SeqCst), 0);
 }
 
-/// Issue 37, case 3: the admission's `retain_session` and the session's
+/// The admission's `retain_session` and the session's
 /// reservation figures, read at the same moment, tell one story per mode
 /// (docs/decisions/retained-session-figures.md).
 #[test]

@@ -1,6 +1,6 @@
 /*
  * The header's promises, each tested through the C ABI as a demanding host
- * would (issue 37): every "never", "always", "afterwards", "at most" and
+ * would: every "never", "always", "afterwards", "at most" and
  * "exactly" of include/kvgate.h that the library keeps (rather than one the
  * host must keep) has a check here or a named test elsewhere; the list is
  * docs/decisions/header-promises.md.

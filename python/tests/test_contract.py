@@ -1,4 +1,4 @@
-"""The header's probe contract, inherited by the package (issue 37): a gate
+"""The header's probe contract, inherited by the package: a gate
 closed (and so freed) from inside a probe asks no probe again; reference
 mode never asks the capacity probe; cancelling a task while its probe answer
 is out ends the attempt; retain_session and the session's figures agree."""

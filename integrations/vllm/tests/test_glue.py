@@ -171,7 +171,7 @@ class _LLM:
 @pytest.mark.parametrize("mode", ["working_set", "reference"])
 def test_a_gate_closed_from_inside_its_usage_probe_asks_the_engine_nothing_more(mode: str) -> None:
     """kvgate.h: once the gate is freed no probe is called again; the plugin's
-    probes are `async def`s awaiting the engine (issue 37)."""
+    probes are `async def`s awaiting the engine."""
     import asyncio
 
     gates: serve.Gates
@@ -199,7 +199,7 @@ def test_a_gate_closed_from_inside_its_usage_probe_asks_the_engine_nothing_more(
 def test_cancelling_a_request_while_its_probe_is_at_the_engine_cancels_the_attempt(mode: str, at_engine: str) -> None:
     """The request's task is cancelled (its client went away) while a probe's
     UTILITY call is out: the attempt ends cancelled, nothing leaks, and the
-    session is admitted again at once (issue 37)."""
+    session is admitted again at once."""
     import asyncio
 
     async def scenario() -> None:
