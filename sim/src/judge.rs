@@ -3,8 +3,9 @@
 //! workload's lower bound. This is how a new admission mode is accepted:
 //! one command, one table per scenario, one CSV/JSON for the record.
 //!
-//! Every run (a policy on a scenario and seed) and every cap-best search is
-//! one task on a small pool of threads; results do not depend on how many.
+//! The policies' runs on one scenario and seed (one workload serves them
+//! all) and each cap-best search are one task each on a small pool of
+//! threads; results do not depend on how many.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -70,14 +71,15 @@ pub struct Verdict {
     pub seeds: Vec<SeedResult>,
 }
 
-enum Task<'a> {
-    Run(usize, u64, &'a Policy),
+enum Task {
+    /// Every policy on one scenario and seed: one workload serves them all.
+    Runs(usize, u64),
     CapBest(usize, u64),
 }
 
 enum Done {
-    Run(usize, u64, usize, Summary),
-    CapBest(usize, u64, sweep::CapBest),
+    Runs(usize, u64, Vec<Summary>),
+    CapBest(usize, u64, Box<sweep::CapBest>),
 }
 
 /// Runs `policies` and cap-best on every scenario and seed, on `threads` threads.
@@ -96,9 +98,7 @@ pub fn judge(
     }
     for (i, _) in scenarios.iter().enumerate() {
         for &seed in seeds {
-            for p in policies {
-                tasks.push(Task::Run(i, seed, p));
-            }
+            tasks.push(Task::Runs(i, seed));
         }
     }
     let next = AtomicUsize::new(0);
@@ -112,22 +112,17 @@ pub fn judge(
                 };
                 let out = match *task {
                     Task::CapBest(i, seed) => {
-                        Done::CapBest(i, seed, sweep::cap_best(&scenarios[i], seed, 1))
+                        Done::CapBest(i, seed, Box::new(sweep::cap_best(&scenarios[i], seed, 1)))
                     }
-                    Task::Run(i, seed, p) => {
+                    Task::Runs(i, seed) => {
                         let s = &scenarios[i];
                         let w =
                             Workload::generate(&s.workload, s.deployment.engine.block_size, seed);
-                        let index = policies
+                        let runs = policies
                             .iter()
-                            .position(|q| std::ptr::eq(q, p))
-                            .expect("listed");
-                        Done::Run(
-                            i,
-                            seed,
-                            index,
-                            simulation::run(&s.deployment, &w, p).summary(),
-                        )
+                            .map(|p| simulation::run(&s.deployment, &w, p).summary())
+                            .collect();
+                        Done::Runs(i, seed, runs)
                     }
                 };
                 done.lock().expect("not poisoned").push(out);
@@ -163,8 +158,8 @@ pub fn judge(
                     let summary = done
                         .iter()
                         .find_map(|d| match d {
-                            Done::Run(j, s, k, sum) if *j == i && *s == seed && *k == index => {
-                                Some(sum.clone())
+                            Done::Runs(j, s, runs) if *j == i && *s == seed => {
+                                Some(runs[index].clone())
                             }
                             _ => None,
                         })

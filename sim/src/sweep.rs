@@ -180,11 +180,17 @@ pub fn cap_best(scenario: &Scenario, seed: u64, threads: usize) -> CapBest {
                 let d = &mut bounded.deployment;
                 d.time_limit_ns = d.time_limit_ns.min(limit_ns);
             }
-            results.extend(
-                next.iter()
-                    .copied()
-                    .zip(run_all(&bounded, seed, &policies, threads)),
-            );
+            // On one thread the workload generated above serves every cap
+            // (generating it is a tenth of a run); threads need their own.
+            let summaries = if threads <= 1 {
+                policies
+                    .iter()
+                    .map(|p| simulation::run(&bounded.deployment, &w, p).summary())
+                    .collect()
+            } else {
+                run_all(&bounded, seed, &policies, threads)
+            };
+            results.extend(next.iter().copied().zip(summaries));
         }
     };
     if max_k <= EXHAUSTIVE_CAPS {

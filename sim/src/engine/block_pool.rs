@@ -15,7 +15,8 @@
 //! - `usage = 1 - free / (total - 1)`: cached blocks nobody references
 //!   count as free, which is why usage cannot see an idle session's prefix.
 
-use rustc_hash::FxHashMap;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::hashing::BlockHash;
 
@@ -33,6 +34,27 @@ struct Block {
     next: u32,
 }
 
+/// Hashes a [`BlockHash`] to itself: block hashes are already mixed (a
+/// splitmix64 finish, see `hashing`), so hashing them again is wasted work
+/// on the simulator's hottest map.
+#[derive(Debug, Default)]
+struct BlockHashHasher(u64);
+
+impl Hasher for BlockHashHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed here; fold anything else in, just in case.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
 /// Blocks cached under one hash, first cached first (vLLM keeps a dict).
 #[derive(Debug, Clone)]
 enum Cached {
@@ -47,7 +69,7 @@ pub struct BlockPool {
     head: u32,
     tail: u32,
     num_free: usize,
-    cached: FxHashMap<BlockHash, Cached>,
+    cached: HashMap<BlockHash, Cached, BuildHasherDefault<BlockHashHasher>>,
     evictions: u64,
 }
 
@@ -76,7 +98,7 @@ impl BlockPool {
             head: 0,
             tail: num_blocks as u32 - 1,
             num_free: num_blocks,
-            cached: FxHashMap::default(),
+            cached: HashMap::default(),
             evictions: 0,
         };
         let null = pool.pop_head();
@@ -203,23 +225,21 @@ impl BlockPool {
             return;
         };
         self.evictions += 1;
-        let gone = match self.cached.get_mut(&hash) {
-            Some(Cached::One(only)) => {
-                debug_assert_eq!(*only, id);
-                true
-            }
-            Some(Cached::Many(ids)) => {
-                ids.retain(|&b| b != id);
-                if ids.len() == 1 {
-                    let last = ids[0];
-                    self.cached.insert(hash, Cached::One(last));
-                }
-                false
-            }
-            None => unreachable!("a hashed block is in the cache map"),
+        // One lookup: the entry is removed, or narrowed, in place.
+        let std::collections::hash_map::Entry::Occupied(mut entry) = self.cached.entry(hash) else {
+            unreachable!("a hashed block is in the cache map");
         };
-        if gone {
-            self.cached.remove(&hash);
+        match entry.get_mut() {
+            Cached::One(only) => {
+                debug_assert_eq!(*only, id);
+                entry.remove();
+            }
+            Cached::Many(ids) => {
+                ids.retain(|&b| b != id);
+                if let [last] = ids[..] {
+                    entry.insert(Cached::One(last));
+                }
+            }
         }
     }
 

@@ -191,18 +191,6 @@ impl ProgressTtl {
         p.context.saturating_sub(self.shared_prefix) + self.cfg.decode_buffer_tokens
     }
 
-    fn used(&self, r: usize) -> usize {
-        let mut any = false;
-        let mut used = 0;
-        for p in &self.programs {
-            if p.replica == r && matches!(p.state, State::Active { .. }) {
-                any = true;
-                used += self.reservation(p);
-            }
-        }
-        used + if any { self.shared_prefix } else { 0 }
-    }
-
     fn expire_ttls(&mut self, now: u64) {
         for p in &mut self.programs {
             if let State::Active {
@@ -298,12 +286,22 @@ impl ProgramScheduler for ProgressTtl {
             )
         };
         order.sort_by_key(key);
+        // What each rank's active programs book, kept up to date as programs
+        // are let in below (recounting it per held program made a poll
+        // quadratic in the programs). A rank books the shared prefix once,
+        // with its first active program, so a candidate needs its own
+        // reservation beside the active ones' and the prefix either way.
+        let mut booked = vec![0usize; engines.len()];
+        for p in &self.programs {
+            if matches!(p.state, State::Active { .. }) {
+                booked[p.replica] += self.reservation(p);
+            }
+        }
         for s in order {
             let p = self.programs[s];
             let forced = p.held_since.is_some_and(|t| now >= t + timeout);
             let r = p.replica;
-            let fits = self.used(r) + self.reservation(&p) + self.shared_prefix_if_alone(r)
-                <= self.capacity;
+            let fits = booked[r] + self.shared_prefix + self.reservation(&p) <= self.capacity;
             let may_go = fits && engines[r].waiting == 0;
             if !(forced || may_go) {
                 continue;
@@ -311,6 +309,7 @@ impl ProgramScheduler for ProgressTtl {
             if forced {
                 self.stats.forced += 1;
             }
+            booked[r] += self.reservation(&p);
             let p = &mut self.programs[s];
             p.held_since = None;
             p.state = State::Active { ttl_deadline: None };
@@ -334,21 +333,6 @@ impl ProgramScheduler for ProgressTtl {
 
     fn stats(&self) -> ProgramStats {
         self.stats
-    }
-}
-
-impl ProgressTtl {
-    /// The shared prefix is booked by the first active program of a rank.
-    fn shared_prefix_if_alone(&self, r: usize) -> usize {
-        let any = self
-            .programs
-            .iter()
-            .any(|p| p.replica == r && matches!(p.state, State::Active { .. }));
-        if any {
-            0
-        } else {
-            self.shared_prefix
-        }
     }
 }
 
