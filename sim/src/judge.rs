@@ -257,33 +257,7 @@ pub fn table(verdicts: &[Verdict]) -> String {
             format!("{:.2}", v.geomean_gap_to_bound),
         ]);
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| {
-            cells
-                .iter()
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for (i, row) in cells.iter().enumerate() {
-        for (c, cell) in row.iter().enumerate() {
-            let pad = " ".repeat(widths[c] - cell.chars().count());
-            if c == 0 {
-                let _ = write!(out, "{cell}{pad}");
-            } else {
-                let _ = write!(out, "  {pad}{cell}");
-            }
-        }
-        out.push('\n');
-        if i == 0 {
-            let total = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
-            out.push_str(&"-".repeat(total));
-            out.push('\n');
-        }
-    }
-    out
+    crate::report::align(&cells)
 }
 
 /// The same as Markdown, all scenarios in one table (for docs/simulator.md).

@@ -129,7 +129,7 @@ pub fn story_sentence(rows: &[Summary]) -> Option<String> {
 }
 
 /// Pads a table of cells to aligned columns with a rule under the header.
-fn align(cells: &[Vec<String>]) -> String {
+pub(crate) fn align(cells: &[Vec<String>]) -> String {
     let columns = cells.first().map_or(0, Vec::len);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
