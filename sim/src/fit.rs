@@ -80,17 +80,21 @@ fn fit_rows(rows: &[Row]) -> Result<Fit, String> {
         .enumerate()
         .filter_map(|(i, &on)| on.then_some(i))
         .collect();
-    let x = |r: &Row| -> Vec<f64> {
-        let all = [
-            r.prefill,
-            r.decode,
-            r.context.unwrap_or(0.0),
-            r.attn_pairs.unwrap_or(0.0),
-        ];
-        std::iter::once(1.0)
-            .chain(used.iter().map(|&i| all[i]))
-            .collect()
-    };
+    // The design matrix: a leading 1 for β0, then the terms fitted.
+    let design: Vec<Vec<f64>> = rows
+        .iter()
+        .map(|r| {
+            let all = [
+                r.prefill,
+                r.decode,
+                r.context.unwrap_or(0.0),
+                r.attn_pairs.unwrap_or(0.0),
+            ];
+            std::iter::once(1.0)
+                .chain(used.iter().map(|&i| all[i]))
+                .collect()
+        })
+        .collect();
     let k = used.len() + 1;
     if rows.len() < k + 1 {
         return Err(format!(
@@ -106,7 +110,7 @@ fn fit_rows(rows: &[Row]) -> Result<Fit, String> {
         }
     };
     for col in 1..k {
-        if rows.iter().all(|r| x(r)[col] == 0.0) {
+        if design.iter().all(|x| x[col] == 0.0) {
             let (name, what) = term(col);
             return Err(format!(
                 "no step has any {what}: `{name}` cannot be determined from this file"
@@ -117,11 +121,11 @@ fn fit_rows(rows: &[Row]) -> Result<Fit, String> {
     // run to 1e9 where the constant is 1, and unscaled normal equations
     // would lose the small terms to rounding.
     let scale: Vec<f64> = (0..k)
-        .map(|c| rows.iter().map(|r| x(r)[c].abs()).fold(0.0, f64::max))
+        .map(|c| design.iter().map(|x| x[c].abs()).fold(0.0, f64::max))
         .collect();
     let mut a = vec![vec![0.0; k + 1]; k];
-    for r in rows {
-        let v: Vec<f64> = x(r).iter().zip(&scale).map(|(v, s)| v / s).collect();
+    for (r, x) in rows.iter().zip(&design) {
+        let v: Vec<f64> = x.iter().zip(&scale).map(|(v, s)| v / s).collect();
         for i in 0..k {
             for j in 0..k {
                 a[i][j] += v[i] * v[j];
@@ -155,11 +159,11 @@ fn fit_rows(rows: &[Row]) -> Result<Fit, String> {
         }
     }
     let beta: Vec<f64> = (0..k).map(|i| a[i][k] / a[i][i] / scale[i]).collect();
-    let predict = |r: &Row| x(r).iter().zip(&beta).map(|(v, b)| v * b).sum::<f64>();
+    let predict = |x: &[f64]| x.iter().zip(&beta).map(|(v, b)| v * b).sum::<f64>();
     let mean = rows.iter().map(|r| r.ms).sum::<f64>() / rows.len() as f64;
     let (mut ss_res, mut ss_tot, mut max_rel) = (0.0, 0.0, 0.0f64);
-    for r in rows {
-        let e = r.ms - predict(r);
+    for (r, x) in rows.iter().zip(&design) {
+        let e = r.ms - predict(x);
         ss_res += e * e;
         ss_tot += (r.ms - mean).powi(2);
         if r.ms > 0.0 {
