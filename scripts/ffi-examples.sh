@@ -41,6 +41,33 @@ run_and_expect() {
     grep -E 'checks passed$' "$log" || tail -n 1 "$log"
 }
 
+# The C and C++ hosts run plainly, under valgrind memcheck and built with
+# ASan/UBSan; these two helpers are the last two ways, for every host.
+memcheck=(valgrind --tool=memcheck --leak-check=full --show-leak-kinds=all
+    --errors-for-leak-kinds=all --suppressions=ffi-examples/c/valgrind.supp
+    --error-exitcode=1)
+
+# run_memcheck NAME BINARY PATTERN... : the host's PATTERNs (its own lines
+# and memcheck's verdict) under valgrind, then memcheck's summary lines.
+run_memcheck() {
+    local name="$1" bin="$2"
+    shift 2
+    run_and_expect "$name" "$@" 'ERROR SUMMARY: 0 errors' -- "${memcheck[@]}" "$bin"
+    grep -E 'lost:|still reachable:|suppressed:|All heap blocks|ERROR SUMMARY' "$out/$name.log" | sed 's/^==[0-9]*== *//'
+}
+
+# run_sanitized NAME BINARY PATTERN... : the instrumented host (checked to
+# be instrumented) with leak detection, aborting on the first report.
+run_sanitized() {
+    local name="$1" bin="$2"
+    shift 2
+    nm "$bin" >"$bin.nm"
+    grep -q __asan_init "$bin.nm" || fail "$(basename "$bin") is not instrumented"
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        run_and_expect "$name" "$@" -- "$bin"
+}
+
 step "cargo build --release --lib, pkg-config files"
 cargo build --release --lib
 ./scripts/gen-pkgconfig.sh release
@@ -78,19 +105,11 @@ c_expect=('^open: lease [0-9]+ released once, double release -> unknown_lease$'
 run_and_expect c-host "${c_expect[@]}" -- "$out/c/host"
 
 step "C host under valgrind memcheck"
-run_and_expect c-host-valgrind "${c_expect[@]}" 'ERROR SUMMARY: 0 errors' \
-    'definitely lost: 0 bytes' 'indirectly lost: 0 bytes' -- \
-    valgrind --tool=memcheck --leak-check=full --show-leak-kinds=all \
-    --errors-for-leak-kinds=all --suppressions=ffi-examples/c/valgrind.supp \
-    --error-exitcode=1 "$out/c/host"
-grep -E 'lost:|still reachable:|suppressed:|ERROR SUMMARY' "$out/c-host-valgrind.log" | sed 's/^==[0-9]*== *//'
+run_memcheck c-host-valgrind "$out/c/host" "${c_expect[@]}" \
+    'definitely lost: 0 bytes' 'indirectly lost: 0 bytes'
 
 step "C host with -fsanitize=address,undefined (libkvgate.a)"
-nm "$out/c/host-asan" >"$out/c/host-asan.nm"
-grep -q __asan_init "$out/c/host-asan.nm" || fail "host-asan is not instrumented"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
-    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_and_expect c-host-asan "${c_expect[@]}" -- "$out/c/host-asan"
+run_sanitized c-host-asan "$out/c/host-asan" "${c_expect[@]}"
 
 step "C event-loop host (one thread, poll on the waker fd)"
 el_expect=('^working_set: misuse refused \(out_of_order, invalid_argument\) with messages$'
@@ -104,19 +123,11 @@ run_and_expect c-event-loop "${el_expect[@]}" -- "$out/c/event_loop"
 grep -E 'woken through the fd' "$out/c-event-loop.log"
 
 step "C event-loop host under valgrind memcheck"
-run_and_expect c-event-loop-valgrind "${el_expect[@]}" 'ERROR SUMMARY: 0 errors' \
-    'definitely lost: 0 bytes|All heap blocks were freed' -- \
-    valgrind --tool=memcheck --leak-check=full --show-leak-kinds=all \
-    --errors-for-leak-kinds=all --suppressions=ffi-examples/c/valgrind.supp \
-    --error-exitcode=1 "$out/c/event_loop"
-grep -E 'lost:|still reachable:|suppressed:|All heap blocks|ERROR SUMMARY' "$out/c-event-loop-valgrind.log" | sed 's/^==[0-9]*== *//'
+run_memcheck c-event-loop-valgrind "$out/c/event_loop" "${el_expect[@]}" \
+    'definitely lost: 0 bytes|All heap blocks were freed'
 
 step "C event-loop host with -fsanitize=address,undefined (libkvgate.a)"
-nm "$out/c/event_loop-asan" >"$out/c/event_loop-asan.nm"
-grep -q __asan_init "$out/c/event_loop-asan.nm" || fail "event_loop-asan is not instrumented"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
-    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_and_expect c-event-loop-asan "${el_expect[@]}" -- "$out/c/event_loop-asan"
+run_sanitized c-event-loop-asan "$out/c/event_loop-asan" "${el_expect[@]}"
 
 step "C promises host (the header's promises, both modes)"
 pr_expect=('^working_set: free inside the usage probe: acquire closed, no probe called afterwards$'
@@ -130,19 +141,11 @@ pr_expect=('^working_set: free inside the usage probe: acquire closed, no probe 
 run_and_expect c-promises "${pr_expect[@]}" -- "$out/c/promises"
 
 step "C promises host under valgrind memcheck"
-run_and_expect c-promises-valgrind "${pr_expect[@]}" 'ERROR SUMMARY: 0 errors' \
-    'definitely lost: 0 bytes|All heap blocks were freed' -- \
-    valgrind --tool=memcheck --leak-check=full --show-leak-kinds=all \
-    --errors-for-leak-kinds=all --suppressions=ffi-examples/c/valgrind.supp \
-    --error-exitcode=1 "$out/c/promises"
-grep -E 'lost:|still reachable:|suppressed:|All heap blocks|ERROR SUMMARY' "$out/c-promises-valgrind.log" | sed 's/^==[0-9]*== *//'
+run_memcheck c-promises-valgrind "$out/c/promises" "${pr_expect[@]}" \
+    'definitely lost: 0 bytes|All heap blocks were freed'
 
 step "C promises host with -fsanitize=address,undefined (libkvgate.a)"
-nm "$out/c/promises-asan" >"$out/c/promises-asan.nm"
-grep -q __asan_init "$out/c/promises-asan.nm" || fail "promises-asan is not instrumented"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
-    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_and_expect c-promises-asan "${pr_expect[@]}" -- "$out/c/promises-asan"
+run_sanitized c-promises-asan "$out/c/promises-asan" "${pr_expect[@]}"
 
 step "C++ host (kvgate.hpp, std::thread)"
 make -s -C ffi-examples/cpp OUT="$out/cpp"
@@ -162,11 +165,7 @@ run_and_expect cpp-engine-loop "${cpp_el_expect[@]}" -- "$out/cpp/engine_loop"
 grep -E 'woken through epoll' "$out/cpp-engine-loop.log"
 
 step "C++ engine-loop host with -fsanitize=address,undefined (libkvgate.a)"
-nm "$out/cpp/engine_loop-asan" >"$out/cpp/engine_loop-asan.nm"
-grep -q __asan_init "$out/cpp/engine_loop-asan.nm" || fail "engine_loop-asan is not instrumented"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
-    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_and_expect cpp-engine-loop-asan "${cpp_el_expect[@]}" -- "$out/cpp/engine_loop-asan"
+run_sanitized cpp-engine-loop-asan "$out/cpp/engine_loop-asan" "${cpp_el_expect[@]}"
 
 # The proxy uses the kvgate package (python/kvgate) from this checkout, with
 # the library just built; scripts/python-package.sh tests the installed wheel.
