@@ -168,13 +168,14 @@ fn work(s: &Session, shared: usize) -> Work {
         let decodes = t.output_len as u64 - 1;
         w.prefill += new;
         w.decode += decodes;
-        // The prefill's last chunk reads the whole prompt; decode step `j`
-        // reads `prompt + j`. Chunking or recomputing only reads more.
-        w.context_read += prompt + decodes * prompt + decodes * (decodes + 1) / 2;
+        // Decode step `j` reads, and attends to, `prompt + j` tokens.
+        let decode_reads = decodes * prompt + decodes * (decodes + 1) / 2;
+        // The prefill's last chunk reads the whole prompt; chunking or
+        // recomputing only reads more.
+        w.context_read += prompt + decode_reads;
         // Each new token attends to its position's prefix however it is
-        // chunked; each decoded one likewise. Recomputing only attends more.
-        w.attn_pairs +=
-            attention_pairs(prompt - new, new) + decodes * prompt + decodes * (decodes + 1) / 2;
+        // chunked; recomputing only attends more.
+        w.attn_pairs += attention_pairs(prompt - new, new) + decode_reads;
     }
     w
 }
