@@ -15,7 +15,7 @@ pub enum AdmissionMode {
     #[default]
     WorkingSet,
     /// The seed's decision table, exactly: usage watermark, reservation,
-    /// prefix probe (`core::decision`).
+    /// prefix probe (`core::reference`).
     Reference,
 }
 

@@ -25,9 +25,11 @@ use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::time::Duration;
 
-use super::decision::{decide, Decision, Facts, Reason};
 use super::ledger::{EngineAnswers, SessionId};
+use super::policy::Policy;
 use super::prompt::PromptSketch;
+use super::reason::Reason;
+use super::reference::{decide, Decision, Facts};
 use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
 use super::waiters::{Enqueued, Notify, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
@@ -493,7 +495,7 @@ impl Machine {
         self.poll_deadline = None;
         self.pass_epoch = core.epoch();
         self.phase = Phase::AwaitUsage;
-        if self.waited && core.ledger().is_some() {
+        if self.waited && matches!(core.policy(), Policy::WorkingSet(_)) {
             // A working-set waiter asks the ledger again without asking the
             // engine: its place and any grant handed over while it slept are
             // the ledger's, and the members' own passes keep the engine's
@@ -533,13 +535,11 @@ impl Machine {
             "an attempt whose fate is open is its session's pending one"
         );
         self.facts.reserved = record.reservation.held_at(now);
-        let (decision, stay, grants) = match core.ledger() {
-            None => (
-                decide(core.thresholds, self.facts),
-                None,
-                Default::default(),
-            ),
-            Some(ledger) => {
+        let (decision, stay, grants) = match core.policy() {
+            Policy::Reference(thresholds) => {
+                (decide(*thresholds, self.facts), None, Default::default())
+            }
+            Policy::WorkingSet(ledger) => {
                 // The event is the grant itself, which the ledger keeps: one
                 // handed over earlier is collected by this request, one
                 // handed over after it sets the bit again, so the sleep below
@@ -577,7 +577,7 @@ impl Machine {
                     core.grant(record, ids, index, &shard.counters, grant, now);
                 drop(guard);
                 self.phase = Phase::Done;
-                if self.holding_event && core.ledger().is_none() {
+                if self.holding_event && matches!(core.policy(), Policy::Reference(_)) {
                     // Admitted on an event: capacity may remain, let the next
                     // one look. (The working set hands its grants over itself.)
                     core.pass_on_event();
@@ -591,7 +591,8 @@ impl Machine {
                         waited: self.waited,
                         usage: self.facts.usage.and_then(ProbeAnswer::value),
                         hit_ratio: self.facts.prefix.and_then(ProbeAnswer::value),
-                        retain_session: window.is_some() || core.ledger().is_some(),
+                        retain_session: window.is_some()
+                            || matches!(core.policy(), Policy::WorkingSet(_)),
                     },
                     match (stay, window) {
                         (Some(stay), _) => Holds::Stay(stay),
@@ -684,7 +685,8 @@ impl Machine {
         }
         let waited = self.waited.then(|| now.saturating_sub(self.started));
         core.end_attempt(&self.key, &self.slot, err, waited, now);
-        if std::mem::take(&mut self.holding_event) && core.ledger().is_none() {
+        if std::mem::take(&mut self.holding_event) && matches!(core.policy(), Policy::Reference(_))
+        {
             core.pass_on_event();
         }
         Step::Failed(err)

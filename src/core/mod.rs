@@ -25,12 +25,14 @@
 //! ```
 
 mod attempt;
-pub(crate) mod decision;
 mod idle_balance;
 mod ledger;
 mod lifetimes;
+mod policy;
 mod prefill_share;
 pub mod prompt;
+mod reason;
+pub(crate) mod reference;
 mod rotation_budget;
 pub(crate) mod sessions;
 mod silences;
@@ -43,8 +45,8 @@ use std::fmt;
 use std::time::Duration;
 
 pub use attempt::{Admission, Attempt, LeaseToken, Step, StepError};
-pub use decision::Reason;
 pub use prompt::PromptSketch;
+pub use reason::Reason;
 pub use stats::{GateStats, ReservationState, SessionStats};
 pub use waiters::Notify;
 
@@ -52,8 +54,9 @@ use crate::config::{AdmissionMode, Config, ConfigError};
 use crate::error::AcquireError;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use attempt::Holds;
-use decision::Thresholds;
 use ledger::{Grants, Ledger, SessionId};
+use policy::Policy;
+use reference::Thresholds;
 use sessions::{bump, Expiry, Reservation, SessionKey, SessionRecord, SessionTable};
 use stats::ShardCounters;
 use timers::{TimerQueue, NEVER};
@@ -77,9 +80,8 @@ pub fn default_shard_count() -> usize {
 
 /// The gate's shared state, driven through [`Attempt`]s.
 pub struct Core {
-    thresholds: Thresholds,
-    /// The working set, in working-set admission; `None` in reference mode.
-    ledger: Option<Ledger>,
+    /// The admission policy in force: every place the two differ matches on it.
+    policy: Policy,
     config: Config,
     poll_ns: u64,
     grace_ns: u64,
@@ -130,14 +132,15 @@ impl Core {
                 expected: "a power of two from 1 to 65536",
             });
         }
-        let ledger = (config.admission == AdmissionMode::WorkingSet)
-            .then(|| Ledger::new(WorkingSet::new(tuning)));
-        Ok(Self {
-            ledger,
-            thresholds: Thresholds {
+        let policy = match config.admission {
+            AdmissionMode::WorkingSet => Policy::WorkingSet(Ledger::new(WorkingSet::new(tuning))),
+            AdmissionMode::Reference => Policy::Reference(Thresholds {
                 high_watermark: config.high_watermark,
                 hit_threshold: config.hit_threshold,
-            },
+            }),
+        };
+        Ok(Self {
+            policy,
             poll_ns: config.wait_poll_ns(),
             grace_ns: config.idle_grace_ns(),
             retention_ns: config.session_retention_ns(),
@@ -179,14 +182,14 @@ impl Core {
     /// ([`Attempt::set_prompt_sketch`]): working-set admission does, the
     /// reference table does not (a driver need not build them).
     pub fn wants_prompt_sketch(&self) -> bool {
-        self.ledger.is_some()
+        self.working_set().is_some()
     }
 
     /// Whether admission uses the engine's capacity (the capacity probe's
     /// answer with each usage answer): working-set admission does, the
     /// reference table does not (a driver must not ask the engine for it).
     pub fn wants_capacity(&self) -> bool {
-        self.ledger.is_some()
+        self.working_set().is_some()
     }
 
     /// Makes `slot` (which nobody else holds) the pending attempt of
@@ -251,7 +254,7 @@ impl Core {
         let bits = self.table.shard_bits();
         // In working-set admission the ledger holds the session's place; the
         // record's reservation (the reference's window) is not used.
-        let retains = grant.reason.retains_session() && self.ledger.is_none();
+        let retains = grant.reason.retains_session() && self.working_set().is_none();
         let window = retains.then(|| {
             let admitted = record.reservation.admit(now, || ids.mint(index, bits));
             if let Some(until) = admitted.expired {
@@ -339,7 +342,7 @@ impl Core {
             }
         }
         drop(map);
-        if let Some(ledger) = &self.ledger {
+        if let Some(ledger) = self.working_set() {
             let id = SessionId::of(key);
             let mut grants = if withdraw {
                 ledger.withdraw(&id, now)
@@ -390,9 +393,9 @@ impl Core {
                 debug_assert!(false, "a record with a live lease is never dropped");
             }
         }
-        match &self.ledger {
-            None => self.capacity_event(),
-            Some(ledger) => {
+        match &self.policy {
+            Policy::Reference(_) => self.capacity_event(),
+            Policy::WorkingSet(ledger) => {
                 let id = SessionId::from(key);
                 let stay = match holds {
                     Holds::Stay(stay) => stay,
@@ -444,10 +447,10 @@ impl Core {
         // Unlike the reference (which notifies on every finish), finishing a
         // session the gate does not track frees nothing, so it wakes nobody:
         // a waiter woken for it would only re-probe the engine for nothing.
-        match &self.ledger {
-            None if last.is_some() => self.capacity_event(),
-            None => {}
-            Some(ledger) => {
+        match &self.policy {
+            Policy::Reference(_) if last.is_some() => self.capacity_event(),
+            Policy::Reference(_) => {}
+            Policy::WorkingSet(ledger) => {
                 let id = SessionId {
                     hash,
                     bytes: session.into(),
@@ -508,9 +511,9 @@ impl Core {
     /// nudged to ask again. Retirements (memory only) are not included: any
     /// later call fires them.
     pub fn next_deadline(&self) -> Option<u64> {
-        let earliest = match &self.ledger {
-            None => self.grace_timers.earliest(),
-            Some(ledger) => ledger.deadline(),
+        let earliest = match &self.policy {
+            Policy::Reference(_) => self.grace_timers.earliest(),
+            Policy::WorkingSet(ledger) => ledger.deadline(),
         };
         (earliest != NEVER).then_some(earliest)
     }
@@ -519,7 +522,7 @@ impl Core {
     /// point; hosts need not call it, but may (e.g. before scraping stats,
     /// or a driver with no sleeping attempt at [`Core::next_deadline`]).
     pub fn purge(&self, now: u64) {
-        if let Some(ledger) = &self.ledger {
+        if let Some(ledger) = self.working_set() {
             if now >= ledger.deadline() {
                 self.hand_over(ledger.purge(now));
             }
@@ -570,7 +573,7 @@ impl Core {
                 let key = record.key.clone();
                 map.remove(&key);
                 drop(map);
-                if let Some(ledger) = &self.ledger {
+                if let Some(ledger) = self.working_set() {
                     self.hand_over(ledger.forget(&SessionId::of(&key), now));
                 }
             }
@@ -591,7 +594,7 @@ impl Core {
             shard.counters.add_into(&mut s);
         }
         s.waiting_attempts = self.waiters.sleeping() as u64;
-        if let Some(ledger) = &self.ledger {
+        if let Some(ledger) = self.working_set() {
             self.hand_over(ledger.purge(now));
             s.working_set = ledger.stats();
         }
@@ -659,11 +662,19 @@ impl Core {
 
     /// The working set's figures, in working-set admission.
     pub fn working_set_stats(&self) -> Option<WorkingSetStats> {
-        self.ledger.as_ref().map(Ledger::stats)
+        self.working_set().map(Ledger::stats)
     }
 
-    pub(crate) fn ledger(&self) -> Option<&Ledger> {
-        self.ledger.as_ref()
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The working set's ledger, in working-set admission.
+    fn working_set(&self) -> Option<&Ledger> {
+        match &self.policy {
+            Policy::WorkingSet(ledger) => Some(ledger),
+            Policy::Reference(_) => None,
+        }
     }
 
     fn epoch(&self) -> u64 {

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::core::decision::Reason;
+use crate::core::reason::Reason;
 use crate::core::working_set::WorkingSetStats;
 use crate::probe::ProbeAnswer;
 use crate::sync::{AtomicU64, Ordering};
