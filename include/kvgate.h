@@ -712,31 +712,26 @@ typedef struct kvgate_stats {
     double longest_wait_sec;
     /**
      * Gauge: how many turns ahead a joining session must still fit beside
-     * the members' expected growth: the turns a hot session runs in one
-     * refill window, stretched by `1 / (1 - working_set_prefill_share)`;
-     * 1 while unknown, 0 in reference mode.
+     * the members' expected growth: the turns a session runs in one
+     * refill window; 1 while unknown, 0 in reference mode.
      */
     uint64_t working_set_horizon_turns;
     /**
-     * Gauge: the measured share of the engine's time spent prefilling,
-     * from the turns' reported cached tokens, in `[0, 0.9]`; it stretches
-     * the horizon. 0 before any report, and in reference mode.
+     * Retired, always 0: the share of the engine's time spent prefilling
+     * once stretched the horizon; that rule was removed.
      */
     double working_set_prefill_share;
     /**
-     * Admissions `KVGATE_REASON_ENGINE_IDLE`.
+     * Admissions `KVGATE_REASON_ENGINE_IDLE`: always 0 (the working set
+     * no longer has that rule).
      */
     uint64_t admissions_engine_idle;
     /**
-     * Gauge: engine time with no turn in flight while a session waited,
-     * seconds, decayed over the wait bound's horizon; 0 in reference mode.
+     * Retired, always 0 (it fed the removed `engine_idle` rule).
      */
     double working_set_idle_sec;
     /**
-     * Gauge: engine time spent re-prefilling what turns' sessions had
-     * cached before, seconds, decayed alike (`KVGATE_REASON_ENGINE_IDLE`
-     * admissions are made while `working_set_idle_sec` is ahead of it); 0
-     * in reference mode.
+     * Retired, always 0 (it fed the removed `engine_idle` rule).
      */
     double working_set_reprefill_sec;
 } kvgate_stats;

@@ -26,12 +26,14 @@
 //!   prefill rate sets (the time it takes to refill the cache), so its next
 //!   turn goes straight in ([`Reason::ReservedSession`]);
 //! - when the members outgrow the cache, the member between turns released
-//!   longest ago (the one the engine would evict next) is parked and
-//!   returns ahead of new sessions;
-//! - every wait is bounded ([`Reason::WaitBound`]), nobody is held out when
-//!   running everyone with a cold cache serves more turns
-//!   ([`Reason::RunningColdPays`]), and an idle engine lets the queue head
-//!   in ([`Reason::EngineIdle`]).
+//!   longest ago (the one the engine would evict next) is parked and queues
+//!   again;
+//! - every wait is bounded ([`Reason::WaitBound`]), and nobody is held out
+//!   when running everyone with a cold cache serves clearly more turns
+//!   ([`Reason::RunningColdPays`]).
+//!
+//! The rules, each derived from the engine's costs, are in
+//! `core::working_set` (its module documentation derives them).
 //!
 //! Every figure it uses (capacity, footprints, the prefill rate, how long
 //! sessions run) is measured from the probes and the turn reports, not

@@ -18,7 +18,7 @@
 //! 400 `running_cold_pays` admissions in 1024 cases).
 //!
 //! - **reasons**: every admission is `fits_working_set`, `empty_working_set`,
-//!   `wait_bound`, `reserved_session`, `engine_idle` or (defaults only)
+//!   `wait_bound`, `reserved_session` or (defaults only)
 //!   `running_cold_pays`
 //!   (that it is decided only while not holding is checked on the ledger
 //!   itself, tests/proptest_working_set.rs: here the hand-over pass that
@@ -26,18 +26,18 @@
 //!   the gauge shows only the last answer); no prefix probe is ever asked; a
 //!   turn of a session in flight is admitted at once as `reserved_session`,
 //!   and only a session admitted before (since it last finished) is;
-//!   `empty_working_set` and `engine_idle` only while no other session has
-//!   a turn in flight;
+//!   `empty_working_set` only while no other session has a turn in
+//!   flight;
 //! - **figures**: admissions by reason are the leases issued; attempts =
 //!   admissions + preempted + timed out + cancelled + closed + pending;
 //!   pending, leases held, releases, probe calls and waits are the
 //!   harness's own counts; the working set's figures agree with each other
 //!   (nothing counted or waiting while it is empty, the window is the
-//!   capacity over the prefill rate, the capacity stays within [½, 1] of
-//!   the engine's, `parked` only grows);
+//!   capacity over the prefill rate, the capacity is the engine's,
+//!   `parked` only grows);
 //! - **capacity**: every session with a turn in flight is a member; right
-//!   after a `fits_working_set` admission (or a `wait_bound` or
-//!   `engine_idle` one beside other members) the working set's tokens are within its capacity (if
+//!   after a `fits_working_set` admission (or a `wait_bound` one beside
+//!   other members) the working set's tokens are within its capacity (if
 //!   it still holds sessions out: the hand-over pass ending the same change
 //!   may let others in for running cold); and
 //!   whenever they are over it, no member is between turns (one would have
@@ -45,7 +45,7 @@
 //!   made while it held sessions out (such a release parks down to the
 //!   capacity);
 //! - **order**: a session is admitted only when nobody waits ahead of it
-//!   (returning sessions ahead of new ones, FIFO within each class), its
+//!   (first come, first served), its
 //!   place kept across a preemption and lost with a cancel or a timeout;
 //! - **deadlines**: after a purge at `now`, `Core::next_deadline` is later
 //!   than `now`; with a poll too long to matter, every sleeper has a way to
@@ -106,12 +106,11 @@ fn engine() -> EngineCapacity {
     EngineCapacity::new(CAPACITY, BLOCK, RATE)
 }
 
-const WS_REASONS: [Reason; 5] = [
+const WS_REASONS: [Reason; 4] = [
     Reason::FitsWorkingSet,
     Reason::EmptyWorkingSet,
     Reason::WaitBound,
     Reason::ReservedSession,
-    Reason::EngineIdle,
 ];
 
 // ---------------------------------------------------------------------------
@@ -491,7 +490,7 @@ impl Harness {
                         "reserved_session for session {s}, never admitted since it finished"
                     );
                 } else {
-                    self.check_order(s, adm.reason, collected)?;
+                    self.check_order(s)?;
                 }
                 if in_flight.contains(&s) && !collected {
                     prop_assert_eq!(
@@ -552,37 +551,29 @@ impl Harness {
 
 impl Harness {
     /// Order: nobody the harness knows to be in line ahead of `s` is still
-    /// waiting (returning sessions ahead of new ones, FIFO within each). A
-    /// grant collected now was made earlier: only sessions that were in line
-    /// before `s` joined it can have been ahead of it then. A new session
-    /// may pass returning ones only into room they could not use, so only
-    /// with `fits_working_set`; it never passes a new one.
-    fn check_order(&self, s: usize, reason: Reason, collected: bool) -> Result<(), TestCaseError> {
+    /// waiting (first come, first served). A session whose place the
+    /// harness cannot tell (a grant it may have held was withdrawn) is
+    /// checked against nobody.
+    fn check_order(&self, s: usize) -> Result<(), TestCaseError> {
         let me = &self.sh[s];
         if me.class_unknown {
             return Ok(());
         }
-        let (ret_s, seq_s) = match me.queued {
-            Some((Some(ret), seq)) => (ret, seq),
+        let seq_s = match me.queued {
+            Some((Some(_), seq)) => seq,
             Some((None, _)) => return Ok(()),
-            None => (me.admitted_since_finish, u64::MAX),
+            None => u64::MAX,
         };
         for (o, sh) in self.sh.iter().enumerate() {
             if o == s || sh.maybe_granted || sh.class_unknown {
                 continue;
             }
-            let Some((Some(ret_o), seq_o)) = sh.queued else {
+            let Some((Some(_), seq_o)) = sh.queued else {
                 continue;
             };
-            let passed_returning = ret_o && !ret_s && reason != Reason::FitsWorkingSet;
-            let mut ahead = passed_returning || (ret_o == ret_s && seq_o < seq_s);
-            if collected {
-                ahead &= seq_o < seq_s;
-            }
             prop_assert!(
-                !ahead,
-                "session {s} (returning: {ret_s}, #{seq_s}) admitted while {o} \
-                 (returning: {ret_o}, #{seq_o}) waits ahead of it"
+                seq_o >= seq_s,
+                "session {s} (#{seq_s}) admitted while {o} (#{seq_o}) waits ahead of it"
             );
         }
         Ok(())
@@ -639,28 +630,11 @@ impl Harness {
                 ws.load_tokens,
                 ws.capacity_tokens
             ),
-            Reason::WaitBound | Reason::EngineIdle if ws.members >= 2 && ws.holding => {
-                prop_assert!(
-                    ws.load_tokens <= ws.capacity_tokens,
-                    "{} beside members overcommits: {} > {} ({ws:?})",
-                    a.reason,
-                    ws.load_tokens,
-                    ws.capacity_tokens
-                );
-                if a.reason == Reason::EngineIdle {
-                    prop_assert_eq!(
-                        a.others_in_flight,
-                        0,
-                        "engine_idle for session {} while others have turns in flight",
-                        a.session
-                    );
-                }
-            }
-            Reason::EngineIdle => prop_assert_eq!(
-                a.others_in_flight,
-                0,
-                "engine_idle for session {} while others have turns in flight",
-                a.session
+            Reason::WaitBound if ws.members >= 2 && ws.holding => prop_assert!(
+                ws.load_tokens <= ws.capacity_tokens,
+                "wait_bound beside members overcommits: {} > {} ({ws:?})",
+                ws.load_tokens,
+                ws.capacity_tokens
             ),
             Reason::EmptyWorkingSet => prop_assert_eq!(
                 a.others_in_flight,
@@ -923,11 +897,7 @@ impl Harness {
             prop_assert_eq!(ws.window_ns, 2 * SEC, "the initial window");
         } else {
             self.capacity_known = true;
-            prop_assert!(
-                (CAPACITY / 2..=CAPACITY).contains(&ws.capacity_tokens),
-                "capacity {} outside [½, 1] of the engine's",
-                ws.capacity_tokens
-            );
+            prop_assert_eq!(ws.capacity_tokens, CAPACITY, "the engine's capacity");
             let window = ws.capacity_tokens as f64 / RATE * 1e9;
             prop_assert!(
                 (ws.window_ns as f64 - window).abs() < 1e6,
@@ -1134,7 +1104,6 @@ struct Coverage {
     wait_bound: u64,
     reserved: u64,
     cold: u64,
-    engine_idle: u64,
     parked: u64,
     waits: u64,
     preempted: u64,
@@ -1151,7 +1120,6 @@ impl Coverage {
         self.wait_bound += s.admissions(Reason::WaitBound);
         self.reserved += s.admissions(Reason::ReservedSession);
         self.cold += s.admissions(Reason::RunningColdPays);
-        self.engine_idle += s.admissions(Reason::EngineIdle);
         self.parked += s.working_set.parked;
         self.waits += s.waits;
         self.preempted += s.preempted;
@@ -1203,7 +1171,6 @@ fn check_the_rules(name: &str, tuning: Tuning, cold: bool) {
             c.preempted,
             c.timed_out,
             c.cancelled,
-            c.engine_idle,
         ];
         if cold {
             reached.push(c.cold);
@@ -1235,8 +1202,5 @@ fn the_core_keeps_the_working_set_rules_when_running_cold_may_pay() {
 
 /// The working set's constants with the cold rule off.
 fn exact_fit() -> Tuning {
-    Tuning {
-        cold_margin: f64::INFINITY,
-        ..Tuning::default()
-    }
+    Tuning::always_holding()
 }

@@ -184,11 +184,8 @@ fn the_figures_reach_the_prometheus_text() {
         "kvgate_working_set_capacity_tokens 1000",
         "kvgate_working_set_tokens 640",
         "kvgate_working_set_window_seconds 1",
-        // 600 tokens prefilled at 1000 tokens/s in the 1 s the turn took.
-        "kvgate_working_set_prefill_share 0.6",
-        // No tool gap seen yet: a 1 s cycle against a 1 s window, stretched
-        // by 1 / (1 - 0.6).
-        "kvgate_working_set_horizon_turns 2",
+        // No tool gap seen yet: a 1 s turn against a 1 s window.
+        "kvgate_working_set_horizon_turns 1",
     ] {
         assert!(text.contains(line), "missing `{line}` in\n{text}");
     }
@@ -266,53 +263,6 @@ fn a_window_that_becomes_the_earliest_deadline_nudges_a_sleeper() {
     ));
 }
 
-#[test]
-fn a_waiter_goes_in_when_the_engine_idles_longer_than_it_re_prefills() {
-    let core = core();
-    // a and b: two turns each; the second ones hit all their first turns
-    // left (nothing re-prefilled), and both go to their tool calls.
-    let a = admitted(ask(&core, "a", 400, 0).1);
-    let b = admitted(ask(&core, "b", 400, 0).1);
-    core.release_with(a, TurnReport::new(Some(0), Some(0)), SEC / 10);
-    core.release_with(b, TurnReport::new(Some(0), Some(0)), SEC / 10);
-    let a = admitted(ask(&core, "a", 450, SEC / 5).1);
-    let b = admitted(ask(&core, "b", 450, SEC / 5).1);
-    core.release_with(a, TurnReport::new(Some(400), Some(0)), 3 * SEC / 10);
-    core.release_with(b, TurnReport::new(Some(400), Some(0)), 35 * SEC / 100);
-    // c does not fit beside them, and the engine has nothing to run: it
-    // goes in once the engine's idle time (decayed over the 16 s bound)
-    // reaches what a (released first, parked for it) takes to re-prefill
-    // its 450 tokens, a little after 0.45 s; before either window ends
-    // (1.3 s, 1.35 s) and long before the wait bound (16 s).
-    let (mut c, step) = ask(&core, "c", 400, 4 * SEC / 10);
-    assert!(matches!(step, Step::Sleep { .. }), "{step:?}");
-    let tau = 16e9_f64;
-    let at = 4 * SEC / 10 + (tau * (tau / (tau - 0.45e9)).ln()).ceil() as u64;
-    assert!(at > 85 * SEC / 100 && at < 86 * SEC / 100, "{at}");
-    assert_eq!(core.next_deadline(), Some(at));
-    let woken = c.wakes.load(Ordering::SeqCst);
-    core.purge(at - 1);
-    assert_eq!(c.wakes.load(Ordering::SeqCst), woken, "not yet");
-    core.purge(at);
-    assert!(c.wakes.load(Ordering::SeqCst) > woken, "handed the room");
-    let lease = admitted(c.attempt.on_wake(at).unwrap());
-    assert_eq!(lease.admission().reason, Reason::EngineIdle);
-    let stats = core.stats(at);
-    assert_eq!(stats.admissions(Reason::EngineIdle), 1);
-    assert_eq!(stats.working_set.parked, 1);
-    assert_eq!(stats.working_set.reprefill_ns, 0.0);
-    assert!(stats.working_set.idle_with_waiters_ns > 0.44e9, "{stats:?}");
-    let text = stats.to_prometheus();
-    for line in [
-        "kvgate_admissions_total{reason=\"engine_idle\"} 1",
-        "kvgate_working_set_reprefill_seconds 0",
-        "kvgate_working_set_idle_seconds 0.4",
-    ] {
-        assert!(text.contains(line), "missing `{line}` in\n{text}");
-    }
-    core.release(lease, SEC);
-}
-
 /// Admits a turn of `session`, whatever the reason, and ends it at `end`.
 fn turn(core: &Core, session: &str, prompt: usize, start: u64, end: u64) {
     let token = admitted(ask(core, session, prompt, start).1);
@@ -373,22 +323,22 @@ fn with_tools_long_next_to_turns_the_waiters_go_in_for_running_cold() {
 }
 
 #[test]
-fn the_blocking_gate_sketches_prompts_so_a_rewritten_history_is_no_capacity_miss() {
-    // An agent that keeps its first 300 tokens and rewrites the 400 after
-    // each turn (as one that stubs old tool results): the engine hits the
-    // 300 kept. The blocking gate has the ids and sketches them, so the
-    // misses beyond are not taken for a cache too small.
+fn the_blocking_gate_sketches_first_prompts_to_learn_the_shared_prefix() {
+    // Sessions whose first prompts share their first 300 tokens, behind an
+    // engine that reports no cached tokens: the blocking gate has the ids,
+    // sketches them, and the working set learns the prefix from them.
     let clock = Arc::new(ManualClock::new(0));
     let gate = Gate::with_clock(Config::default(), SmallEngine, clock.clone()).unwrap();
-    for turn in 0..20u32 {
+    for session in 0..3u32 {
         let prompt: Vec<u32> = (0..300)
-            .chain((0..400).map(|i| 10_000 * (turn + 1) + i))
+            .chain((0..400).map(|i| 10_000 * (session + 1) + i))
             .collect();
-        let lease = gate.acquire(b"agent", &prompt).unwrap();
+        let id = format!("agent-{session}");
+        let lease = gate.acquire(id.as_bytes(), &prompt).unwrap();
         clock.advance(Duration::from_millis(10));
-        lease.release_with(TurnReport::new(Some(300), Some(0)));
+        lease.release_with(TurnReport::new(None, Some(0)));
         clock.advance(Duration::from_millis(10));
     }
-    let ws = gate.stats().working_set;
-    assert_eq!(ws.capacity_tokens, engine().tokens);
+    let shared = gate.stats().working_set.shared_prefix_tokens;
+    assert!((1..=300).contains(&shared), "{shared}");
 }

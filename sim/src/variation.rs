@@ -9,7 +9,7 @@
 //! tokens each turn generates, the number of sessions. Everything else
 //! (the engine's costs, the arrivals' shape, every other distribution)
 //! stays the scenario's. They found the rotation budget
-//! (`src/core/rotation_budget.rs`): with half the cache, the fitted
+//! (`src/core/working_set/rotation_budget.rs`): with half the cache, the fitted
 //! real-engine workload ran 1.07x the best cap, one seed 1.14x, where the
 //! scenario itself ran 0.95x.
 

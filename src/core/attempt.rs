@@ -33,7 +33,7 @@ use super::reference::{decide, Decision, Facts};
 use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
 use super::waiters::{Enqueued, Notify, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
-use super::working_set::{EngineCapacity, Stay, Verdict};
+use super::working_set::{EngineCapacity, Verdict};
 use super::Core;
 use crate::error::AcquireError;
 use crate::probe::ProbeAnswer;
@@ -145,8 +145,8 @@ pub(crate) enum Holds {
     /// Reference mode: the session's ownership window, by id.
     Window(u64),
     /// Working-set mode: the session's stay in the working set that the
-    /// turn was admitted in, and where its record is.
-    Stay(Stay),
+    /// turn was admitted in ([`WorkingSet::membership`](super::working_set::WorkingSet::membership)).
+    Stay(u64),
 }
 
 /// What a release tells the working set about the turn.
@@ -553,15 +553,8 @@ impl Machine {
                     capacity: self.capacity,
                 };
                 let id = SessionId::of(&self.key);
-                let (verdict, stay, grants) = ledger.request(
-                    &id,
-                    record.ledger_slot,
-                    self.prompt_len,
-                    self.sketch.as_ref(),
-                    engine,
-                    now,
-                );
-                record.ledger_slot = stay.slot;
+                let (verdict, stay, grants) =
+                    ledger.request(&id, self.prompt_len, self.sketch.as_ref(), engine, now);
                 (working_set_decision(verdict), Some(stay), grants)
             }
         };
@@ -701,7 +694,6 @@ fn working_set_decision(verdict: Verdict) -> Decision {
         Verdict::Empty => Decision::Admit(Reason::EmptyWorkingSet),
         Verdict::WaitBound => Decision::Admit(Reason::WaitBound),
         Verdict::RunningColdPays => Decision::Admit(Reason::RunningColdPays),
-        Verdict::EngineIdle => Decision::Admit(Reason::EngineIdle),
         Verdict::Wait => Decision::Wait,
     }
 }

@@ -12,9 +12,7 @@ use std::sync::Arc as StdArc;
 use super::attempt::Turn;
 use super::prompt::PromptSketch;
 use super::timers::NEVER;
-use super::working_set::{
-    EngineCapacity, SlotHint, Stay, TurnReport, Verdict, WorkingSet, WorkingSetStats,
-};
+use super::working_set::{EngineCapacity, TurnReport, Verdict, WorkingSet, WorkingSetStats};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
 /// A session as the ledger knows it: by its id's bytes (not by its record,
@@ -106,12 +104,9 @@ impl Ledger {
         change: impl FnOnce(&mut WorkingSet<SessionId>) -> R,
     ) -> (R, Grants) {
         let mut set = self.set.lock();
-        // Before the change: the time since the last one ran in the state
-        // the last one left.
-        set.account_idle(now);
         let result = change(&mut set);
         let mut grants = Grants::default();
-        set.admit_waiting_expired(now, &mut grants.sessions);
+        set.admit_waiting(now, &mut grants.sessions);
         let next = set.next_deadline().unwrap_or(NEVER);
         let before = self.deadline.swap(next, Ordering::SeqCst);
         grants.deadline_earlier = next < before;
@@ -119,17 +114,16 @@ impl Ledger {
     }
 
     /// An attempt's turn asks to be admitted; the engine's answers of this
-    /// pass come with it. `hint` is where the session's record was when the
-    /// ledger last answered it (`SessionRecord::ledger_slot`).
+    /// pass come with it. Returns the verdict and the stay in the working
+    /// set the turn belongs to (`WorkingSet::membership`; 0 if it waits).
     pub(crate) fn request(
         &self,
         id: &SessionId,
-        hint: SlotHint,
         prompt_len: usize,
         sketch: Option<&PromptSketch>,
         engine: EngineAnswers,
         now: u64,
-    ) -> (Verdict, Stay, Grants) {
+    ) -> (Verdict, u64, Grants) {
         let ((verdict, stay), grants) = self.change(now, |set| {
             if let Some(capacity) = engine.capacity {
                 set.set_engine(capacity);
@@ -137,7 +131,8 @@ impl Ledger {
             if let Some(usage) = engine.usage {
                 set.observe_usage(usage);
             }
-            set.request_in_stay(id, hint, prompt_len as u64, sketch, now)
+            let verdict = set.request_sketched(id, prompt_len as u64, sketch, now);
+            (verdict, set.membership(id))
         });
         (verdict, stay, grants)
     }
@@ -147,18 +142,18 @@ impl Ledger {
     pub(crate) fn release(
         &self,
         id: &SessionId,
-        stay: Stay,
+        stay: u64,
         turn: Turn,
         report: TurnReport,
         now: u64,
     ) -> Grants {
         self.change(now, |set| {
-            set.release_in_stay(
+            set.release_of(
                 id,
-                stay,
                 turn.prompt_len as u64,
                 report,
                 turn.admitted_at,
+                stay,
                 now,
             )
         })
@@ -169,7 +164,7 @@ impl Ledger {
     pub(crate) fn withdraw(&self, id: &SessionId, now: u64) -> Grants {
         self.change(now, |set| {
             set.withdraw(id);
-            set.end_windows(now);
+            set.expire(now);
         })
         .1
     }
@@ -178,7 +173,7 @@ impl Ledger {
     pub(crate) fn finish(&self, id: &SessionId, now: u64) -> Grants {
         self.change(now, |set| {
             set.finish(id, now);
-            set.end_windows(now);
+            set.expire(now);
         })
         .1
     }
@@ -189,7 +184,7 @@ impl Ledger {
             if !set.is_member(id) && !set.is_waiting(id) {
                 set.forget(id, now);
             }
-            set.end_windows(now);
+            set.expire(now);
         })
         .1
     }
@@ -199,7 +194,7 @@ impl Ledger {
         if now < self.deadline.load(Ordering::SeqCst) {
             return Grants::default();
         }
-        self.change(now, |set| set.end_windows(now)).1
+        self.change(now, |set| set.expire(now)).1
     }
 
     /// The earliest time the working set changes by itself, or [`NEVER`].

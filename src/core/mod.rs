@@ -25,17 +25,12 @@
 //! ```
 
 mod attempt;
-mod idle_balance;
 mod ledger;
-mod lifetimes;
 mod policy;
-mod prefill_share;
 pub mod prompt;
 mod reason;
 pub(crate) mod reference;
-mod rotation_budget;
 pub(crate) mod sessions;
-mod silences;
 pub(crate) mod stats;
 pub(crate) mod timers;
 pub(crate) mod waiters;
@@ -62,7 +57,7 @@ use stats::ShardCounters;
 use timers::{TimerQueue, NEVER};
 pub(crate) use waiters::Slot;
 use waiters::{Waiters, CANCELLED, PREEMPTED};
-use working_set::{SlotHint, Stay, Tuning, TurnReport, WorkingSet, WorkingSetStats};
+use working_set::{Tuning, TurnReport, WorkingSet, WorkingSetStats};
 
 /// Most timer entries one caller fires at once: bounds the latency a purge
 /// adds to whoever happens to look; the rest is left to the next caller.
@@ -400,10 +395,7 @@ impl Core {
                 let stay = match holds {
                     Holds::Stay(stay) => stay,
                     // Not granted by the ledger: no stay of it can match.
-                    Holds::Nothing | Holds::Window(_) => Stay {
-                        membership: 0,
-                        slot: SlotHint::NONE,
-                    },
+                    Holds::Nothing | Holds::Window(_) => 0,
                 };
                 let mut grants = ledger.release(&id, stay, turn, report, now);
                 if forget {

@@ -5,6 +5,9 @@ use super::ledger::Ledger;
 use super::reference::Thresholds;
 
 /// The admission policy in force.
+// One per core, so the variants' sizes do not matter; boxing the ledger
+// would only add a pointer chase to every turn.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Policy {
     /// The seed's decision table over the engine's usage and the prompt's

@@ -7,11 +7,11 @@ use std::fmt;
 /// Why an attempt was admitted.
 ///
 /// The working set's reasons are `reserved_session` (a member's turn),
-/// `fits_working_set`, `empty_working_set` and `wait_bound`; the seed's
-/// table (reference mode) answers `open`, `reserved_session`,
-/// `prefix_probe_unavailable` and `resident_prefix`. `running_cold_pays`
-/// and `engine_idle` belong to rules the working set no longer has: their
-/// numbers stay reserved and are never answered.
+/// `fits_working_set`, `empty_working_set`, `wait_bound` and
+/// `running_cold_pays`; the seed's table (reference mode) answers `open`,
+/// `reserved_session`, `prefix_probe_unavailable` and `resident_prefix`.
+/// `engine_idle` belonged to a rule the working set no longer has: its
+/// number stays reserved and is never answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 #[non_exhaustive]
@@ -35,10 +35,9 @@ pub enum Reason {
     /// letting everyone run with a cold cache (tool calls long next to
     /// turns, prefill to spare), so nobody is held out.
     RunningColdPays = 7,
-    /// Working set: no turn was in flight, and the engine had idled with
-    /// sessions waiting at least as long as it had spent re-prefilling
-    /// evicted prefixes (both measured), so the queue head went in, members
-    /// between turns parked for it.
+    /// Working set, retired: never answered (the rule that let a queue
+    /// head in while the engine idled was removed). Kept so that no number
+    /// is reused.
     EngineIdle = 8,
 }
 

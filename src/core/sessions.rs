@@ -13,7 +13,6 @@ use hashbrown::hash_table::{Entry, HashTable};
 use crate::core::stats::ShardCounters;
 use crate::core::timers::NEVER;
 use crate::core::waiters::Slot;
-use crate::core::working_set::SlotHint;
 use crate::sync::{Arc, Mutex, MutexGuard, TableHasher};
 
 /// A session id with its precomputed hash. Cloning shares the bytes.
@@ -210,10 +209,6 @@ pub(crate) struct SessionRecord {
     /// When the last grace window ran out: idleness (and so retention)
     /// starts at the later of this and `last_activity`.
     pub(crate) window_ended: u64,
-    /// Where the working set keeps the session's record, as it last said
-    /// (working-set admission): its next request is found there without a
-    /// lookup. In the record's padding: the record does not grow.
-    pub(crate) ledger_slot: SlotHint,
 }
 
 impl SessionRecord {
@@ -230,7 +225,6 @@ impl SessionRecord {
             last_admitted_prompt_len: 0,
             last_activity: now,
             window_ended: 0,
-            ledger_slot: SlotHint::NONE,
         }
     }
 

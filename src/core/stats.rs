@@ -392,7 +392,7 @@ impl GateStats {
             family(name, kind, help, &[("", value)]);
         }
         let w = &self.working_set;
-        let working_set: [(&str, &str, &str, f64); 12] = [
+        let working_set: [(&str, &str, &str, f64); 9] = [
             (
                 "working_set_sessions",
                 "gauge",
@@ -444,26 +444,8 @@ impl GateStats {
             (
                 "working_set_horizon_turns",
                 "gauge",
-                "How many turns ahead a joining session must still fit beside the members (a hot session's turns in a refill window, stretched by the prefill share).",
+                "How many turns ahead a joining session must still fit beside the members (the turns a session runs in a refill window).",
                 f64::from(w.horizon_turns),
-            ),
-            (
-                "working_set_prefill_share",
-                "gauge",
-                "Measured share of the engine's time spent prefilling (from turn reports), which stretches the horizon.",
-                w.prefill_share,
-            ),
-            (
-                "working_set_idle_seconds",
-                "gauge",
-                "Engine time with no turn in flight while a session waited, decayed over the wait bound's horizon.",
-                w.idle_with_waiters_ns / 1e9,
-            ),
-            (
-                "working_set_reprefill_seconds",
-                "gauge",
-                "Engine time spent re-prefilling what sessions had cached, decayed alike; engine_idle admissions are made while idle is ahead.",
-                w.reprefill_ns / 1e9,
             ),
         ];
         for (name, kind, help, value) in working_set {

@@ -111,23 +111,18 @@ pub struct kvgate_stats {
     /// attempt still waiting counts once it ends.
     pub longest_wait_sec: f64,
     /// Gauge: how many turns ahead a joining session must still fit beside
-    /// the members' expected growth: the turns a hot session runs in one
-    /// refill window, stretched by `1 / (1 - working_set_prefill_share)`;
-    /// 1 while unknown, 0 in reference mode.
+    /// the members' expected growth: the turns a session runs in one
+    /// refill window; 1 while unknown, 0 in reference mode.
     pub working_set_horizon_turns: u64,
-    /// Gauge: the measured share of the engine's time spent prefilling,
-    /// from the turns' reported cached tokens, in `[0, 0.9]`; it stretches
-    /// the horizon. 0 before any report, and in reference mode.
+    /// Retired, always 0: the share of the engine's time spent prefilling
+    /// once stretched the horizon; that rule was removed.
     pub working_set_prefill_share: f64,
-    /// Admissions `KVGATE_REASON_ENGINE_IDLE`.
+    /// Admissions `KVGATE_REASON_ENGINE_IDLE`: always 0 (the working set
+    /// no longer has that rule).
     pub admissions_engine_idle: u64,
-    /// Gauge: engine time with no turn in flight while a session waited,
-    /// seconds, decayed over the wait bound's horizon; 0 in reference mode.
+    /// Retired, always 0 (it fed the removed `engine_idle` rule).
     pub working_set_idle_sec: f64,
-    /// Gauge: engine time spent re-prefilling what turns' sessions had
-    /// cached before, seconds, decayed alike (`KVGATE_REASON_ENGINE_IDLE`
-    /// admissions are made while `working_set_idle_sec` is ahead of it); 0
-    /// in reference mode.
+    /// Retired, always 0 (it fed the removed `engine_idle` rule).
     pub working_set_reprefill_sec: f64,
 }
 
@@ -180,10 +175,10 @@ impl From<&GateStats> for kvgate_stats {
             working_set_holding: u64::from(w.holding),
             longest_wait_sec: s.longest_wait.as_secs_f64(),
             working_set_horizon_turns: u64::from(w.horizon_turns),
-            working_set_prefill_share: w.prefill_share,
+            working_set_prefill_share: 0.0,
             admissions_engine_idle: engine_idle,
-            working_set_idle_sec: w.idle_with_waiters_ns / 1e9,
-            working_set_reprefill_sec: w.reprefill_ns / 1e9,
+            working_set_idle_sec: 0.0,
+            working_set_reprefill_sec: 0.0,
         }
     }
 }

@@ -2,43 +2,26 @@
 //! working set presumes it from silence.
 //!
 //! An agent framework knows when its session ends and can say so
-//! (`finish_session`); an OpenAI-compatible proxy sees only requests
-//! (`vllm serve` with the gate, unless the client sends the final-turn
-//! header). Without ends, nothing is learned of how long sessions run
+//! (`finish_session`); an OpenAI-compatible proxy sees only requests.
+//! Without ends nothing is learned of how long sessions run
 //! ([`super::lifetimes`]) until the core forgets an idle session after its
-//! retention (ten minutes by default): measured in the simulator (judge,
-//! seeds 1-5, `--host-finish untold`), the real-engine benchmark with
-//! fitted step costs went from 1.04x to 1.32x the best cap's makespan, and
-//! single-turn requests from 1.01x to 1.10x.
+//! retention (minutes), and the survival estimates the fit test uses stay
+//! empty.
 //!
 //! A session is presumed ended once it has been quiet (no request since
 //! its last turn ended) for [`QUIET_FACTOR`] times the longer of the
 //! refill window and the longest tool gap seen lately: only what is
-//! learned of lifetimes changes. Only sessions that left the working set
-//! between turns are listed, as they leave (at their window's end at the
-//! latest): a member's turn pays nothing for it (listing every release
-//! cost 78 of a turn's 3,202 instructions, `benches/instructions.rs`,
-//! `open_1t/working_set/hot`). They leave up to a window after their
-//! release, so the list is in order of release only to within a window: a
-//! session behind one released later may be presumed up to a window late.
+//! learned of lifetimes changes. Sessions are listed as they leave the
+//! working set between turns (at their window's end at the latest), so a
+//! member's turn pays nothing for it; the list is in order of release only
+//! to within a window, and a session may be presumed up to a window late.
 //! A presumed end that asks again is taken back (the working set's part).
 //! Once the host has said that one session ended it is trusted to say so
 //! for all, and nothing is presumed any more.
 
 use std::collections::VecDeque;
 
-/// How many times the longer of the refill window and the longest recent
-/// tool gap a session must stay quiet to be presumed ended. A session that
-/// still returns after that long is rare, and its presumed end is taken
-/// back when it does; a short count learns sooner. Measured (judge, seeds
-/// 1-5, `--host-finish untold`, the engine's rate the median of its
-/// steps): 4 gave `single-turn` 1.074x the best cap, 2 gave 1.044x (told:
-/// 1.007x), every scenario together 0.938 either way.
-const QUIET_FACTOR: u64 = 2;
-
-/// The longest tool gap forgets this share of itself per gap seen, so that
-/// one very long call in the past does not delay presumptions for ever.
-const LONGEST_GAP_DECAY: u64 = 64;
+use super::tuning::{LONGEST_GAP_DECAY, QUIET_FACTOR};
 
 /// A session that left the working set between turns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

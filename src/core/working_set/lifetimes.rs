@@ -3,16 +3,14 @@
 //! run some turns more.
 //!
 //! The working set uses it to see how the members' footprints will grow
-//! before they end ([`super::working_set`]): a member that has run 9 turns
+//! before they end (`fits_ahead` in `admission`): a member that has run 9 turns
 //! where every session seen ended after 10 will free its room soon, one that
 //! has run 2 will grow for a while yet. Only what was measured is used: a
 //! session that has outlived every session seen gets no answer.
 
 use std::collections::VecDeque;
 
-/// Finished sessions remembered: enough for a steady answer, few enough to
-/// follow a workload that changes (a new rollout step, a new task mix).
-const REMEMBERED: usize = 64;
+use super::tuning::LIFETIMES_REMEMBERED as REMEMBERED;
 
 /// The turn counts of the last [`REMEMBERED`] finished sessions.
 #[derive(Debug, Default, Clone)]

@@ -1,20 +1,15 @@
 //! What the wait bound may spend on rotations: members parked to make room
 //! for a queue head that waited past the bound.
 //!
-//! The bound ([`super::working_set::Tuning::wait_bound_windows`], `B`) is a
-//! promise to the session waiting; the members it parks pay for it, each
+//! The bound (`B` refill windows, [`super::Tuning::wait_bound_windows`]) is
+//! a promise to the session waiting; the members it parks pay for it, each
 //! re-prefilling its own tokens when it returns. Its cost is meant to be at
 //! most one refill of the cache per `B` windows, about `1 / B` of a
 //! prefill-bound engine's time. That holds while heads reach the bound one
-//! at a time. It did not when many sessions queued together (the bound
-//! counts from queueing): once the first reached it, every head behind it
-//! was past it too, and every member release parked the next member for
-//! the next head, a rotation per turn. Measured in the simulator on the
-//! fitted real-engine workload with half its cache (200 blocks of 32; a
-//! session's last prompt is 70% of it; `kvgate-sim --judge --scenario
-//! integrations/vllm/bench/real-engine-fitted-fast.toml --vary all --seeds
-//! 1-3`): 1.073x the best cap's makespan, one seed 1.143x, with forced
-//! rotations on nearly every release.
+//! at a time, but not when many sessions queued together (the bound counts
+//! from queueing): once the first reaches it, every head behind it is past
+//! it too, and every release would park the next member for the next head,
+//! a rotation per turn.
 //!
 //! So the parks a past-bound head forces spend from a budget of tokens,
 //! refilled at `1 / B` of the engine's prefill rate and holding at most a
@@ -22,12 +17,7 @@
 //! waited `B` windows, each a cache's refill); a head behind it, also past
 //! its bound, waits until the parks before it are paid off. Waits stay
 //! bounded: each head ahead delays it by at most `B` windows beyond its
-//! own (the largest rotation one can force is a cache). With the budget,
-//! on that workload: 1.034x (worst seed 1.058x); with four times the
-//! output tokens 0.949x to 0.929x; twice the sessions 0.994x to 0.978x;
-//! every built-in scenario within 0.5% of before (`decode-heavy`, where
-//! 48 sessions outgrow the cache three times over, 0.939x to 0.943x, its
-//! mean p99 187 s to 194 s).
+//! own (the largest rotation one can force is a cache).
 
 /// How far below zero the budget may be and still allow parks, tokens: the
 /// rounding of refills made in many small steps, never a token's worth. A

@@ -1,0 +1,226 @@
+//! The admission rule: who joins the working set, and who is parked to
+//! make room. Everything else in the working set keeps the figures these
+//! functions read.
+
+use super::lifecycle::{Session, Stage};
+use super::{Slot, Verdict, WorkingSet};
+
+impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
+    /// The verdict on the session at the head of the queue, at `now`: the
+    /// one rule that lets a session that is not a member in.
+    ///
+    /// ```text
+    /// nobody in the working set ─────────────────────────────▶ Empty (liveness)
+    /// holding sessions out does not pay (module `holding`) ──▶ RunningColdPays
+    /// it fits beside the members and their next turns, and
+    ///   the members still fit a refill window ahead ─────────▶ Fits
+    /// it has waited the wait bound, and the rotation budget
+    ///   allows: members between turns are parked for it,
+    ///   least recently released first ──────────────────────▶ WaitBound
+    /// otherwise ─────────────────────────────────────────────▶ Wait
+    /// ```
+    ///
+    /// Past the bound, the room it takes is what its turn and the members'
+    /// next turns need, not a window ahead (the bound is a promise), and
+    /// members in flight are never cut short: if parking everyone between
+    /// turns is not enough it waits for a release, which lets it in. The
+    /// parks it forces are paid from the rotation budget (module
+    /// `rotation_budget`): while those forced for the heads before it are
+    /// paid off, it waits as before its bound.
+    pub(super) fn head_verdict(&mut self, s: Slot, now: u64) -> Verdict {
+        if self.member_count == 0 {
+            return Verdict::Empty;
+        }
+        if !self.holding {
+            return Verdict::RunningColdPays;
+        }
+        let Some(waiting) = self.sessions[s].waiting().copied() else {
+            unreachable!("the head of the queue is waiting");
+        };
+        let need = self.need(s, waiting.prompt);
+        if self.fits_beside_members(need) && self.fits_ahead(s, need) {
+            return Verdict::Fits;
+        }
+        let bound = waiting.since.saturating_add(self.wait_bound_ns());
+        if now >= bound && self.rotation_allowed(now) {
+            let parked = self.park_until_fits(need, now);
+            self.rotation_budget.spend(parked);
+            if self.fits_beside_members(need) || self.member_count == 0 {
+                return Verdict::WaitBound;
+            }
+            if let Stage::Waiting(w) = &mut self.sessions[s].stage {
+                w.past_bound = true;
+            }
+        }
+        Verdict::Wait
+    }
+
+    /// The tokens a session outside the working set would add by joining
+    /// with a `prompt`-token prompt: its footprint, less the shared prefix
+    /// already counted.
+    pub(super) fn need(&self, s: Slot, prompt: u64) -> u64 {
+        let h = &self.sessions[s].history;
+        let footprint = self
+            .capacity
+            .blocks(prompt.saturating_add(self.means.output_of(h)));
+        h.own(footprint, self.shared.tokens)
+    }
+
+    /// Whether `need` more tokens fit beside what is counted now (the
+    /// shared prefix, the members' own tokens, the ghosts) and the room
+    /// the members' next turns will take.
+    pub(super) fn fits_beside_members(&self, need: u64) -> bool {
+        (self.counted() + self.reserve_sum + need) as f64 <= self.capacity.tokens()
+    }
+
+    /// Whether the members, with the session at `joining` (needing `need`
+    /// more tokens) among them, still fit as they grow over the turns they
+    /// run in one refill window: a window is what holding a footprint is
+    /// worth against re-prefilling it, so an overflow within it would park
+    /// a member whose re-prefill costs more than the room the newcomer
+    /// used until then. Each session `k` turns ahead holds its own tokens
+    /// plus `k` turns of growth, weighted by the chance (from the turn
+    /// counts of the sessions that finished) that it is still running; one
+    /// that has outlived every session seen is taken as after its next
+    /// turn. Before any session has finished this adds nothing to
+    /// [`WorkingSet::fits_beside_members`].
+    pub(super) fn fits_ahead(&self, joining: Slot, need: u64) -> bool {
+        if self.lifetimes.is_empty() {
+            return true;
+        }
+        let horizon = self.means.turns_in(self.window_ns());
+        if horizon < 2 {
+            return true;
+        }
+        // Nobody has run past the longest life seen: further ahead only the
+        // sessions that outlived it remain, as they are.
+        let last = horizon.min(self.lifetimes.longest());
+        let sessions = self.members().map(|(s, m)| {
+            let h = &self.sessions[s].history;
+            let started = h.turns + u32::from(m.in_flight > 0);
+            (h.own(m.footprint, self.shared.tokens), h, started)
+        });
+        let joining = {
+            let h = &self.sessions[joining].history;
+            (need, h, h.turns + 1)
+        };
+        let outlook: Vec<(f64, f64, u32)> = sessions
+            .chain(std::iter::once(joining))
+            .map(|(own, h, started)| {
+                let growth = self.means.next_turn_growth(h) as f64;
+                (own as f64, growth, started)
+            })
+            .collect();
+        let base = (self.shared.tokens + self.ghost_tokens()) as f64;
+        let capacity = self.capacity.tokens();
+        // One turn ahead is `fits_beside_members`' own test.
+        (2..=last).all(|k| {
+            let load: f64 = outlook
+                .iter()
+                .map(
+                    |&(own, growth, started)| match self.lifetimes.continuing(started, k) {
+                        Some(p) => p * (own + growth * f64::from(k)),
+                        None => own + growth,
+                    },
+                )
+                .sum();
+            base + load <= capacity
+        })
+    }
+
+    /// Parks members between turns while what is counted exceeds the
+    /// capacity, from the first token over (never `keep`, the member whose
+    /// turn is asking). The engine absorbs no overflow for free: it evicts
+    /// some member's blocks, which that member re-prefills.
+    pub(super) fn shrink_to_fit(&mut self, now: u64, keep: Option<Slot>) {
+        // Nobody is parked while running cold pays: a member could be
+        // parked for the room a head was just let in beyond.
+        if !self.holding {
+            return;
+        }
+        while self.load() as f64 > self.capacity.tokens() && self.park_lru(now, keep) {}
+    }
+
+    /// Parks members between turns, least recently released first, until
+    /// `need` more tokens fit beside the rest (or nobody is left to park).
+    /// Returns the parked members' own tokens: what their returns will
+    /// re-prefill.
+    fn park_until_fits(&mut self, need: u64, now: u64) -> u64 {
+        let own_before = self.own_sum;
+        while !self.fits_beside_members(need) && self.park_lru(now, None) {}
+        own_before.saturating_sub(self.own_sum)
+    }
+
+    /// What the rotation budget refills by, tokens a second: `1 / B` of the
+    /// prefill rate (`B` the wait bound in windows), so that forced parks
+    /// re-prefill at most one cache per `B` windows; 0 while the rate is
+    /// unknown (the budget is not consulted then).
+    fn rotation_refill_rate(&self) -> f64 {
+        let windows = self.tuning.wait_bound_windows;
+        if windows > 0.0 && windows.is_finite() {
+            self.capacity.prefill_rate() / windows
+        } else {
+            0.0
+        }
+    }
+
+    /// Whether the wait bound may park members at `now`.
+    fn rotation_allowed(&mut self, now: u64) -> bool {
+        let per_sec = self.rotation_refill_rate();
+        if per_sec <= 0.0 {
+            return true;
+        }
+        let cap = self.capacity.tokens();
+        self.rotation_budget.refill(now, per_sec, cap);
+        self.rotation_budget.allows()
+    }
+
+    /// Parks the member between turns released longest ago (never `keep`):
+    /// the one whose blocks the engine evicts first whichever member the
+    /// gate parks, so parking any other would lose both.
+    fn park_lru(&mut self, now: u64, keep: Option<Slot>) -> bool {
+        let victim = self.idle.iter(&self.sessions).find(|&s| Some(s) != keep);
+        let Some(victim) = victim else {
+            return false;
+        };
+        self.leave(victim, now, super::lifecycle::Leaving::BetweenTurns);
+        self.parked += 1;
+        true
+    }
+
+    /// When the queue head reaches the wait bound, if it has not yet (a
+    /// head already past it waits for a release, not a time).
+    pub(super) fn wait_bound_end(&self) -> Option<u64> {
+        let head = self.queue.head()?;
+        let w = self.sessions[head].waiting()?;
+        let paid_off = self
+            .rotation_budget
+            .allows_at(self.rotation_refill_rate())
+            .unwrap_or(0);
+        (!w.past_bound).then(|| w.since.saturating_add(self.wait_bound_ns()).max(paid_off))
+    }
+
+    /// Lets in the queue heads that may enter at `now`, in order: each
+    /// joins and keeps its grant until its attempt collects it. Returns
+    /// them, with why, in `out`.
+    pub(super) fn admit_queue_heads(&mut self, now: u64, out: &mut Vec<(K, Verdict)>) {
+        if self.queue.head().is_none() {
+            return;
+        }
+        // Decided once for the pass: the heads it lets in for running cold
+        // change the figures, not the answer they were let in by.
+        self.update_holding();
+        while let Some(s) = self.queue.head() {
+            let verdict = self.head_verdict(s, now);
+            if verdict == Verdict::Wait {
+                break;
+            }
+            self.join(s, now);
+            let Session { key, stage, .. } = &mut self.sessions[s];
+            if let Stage::Member(m) = stage {
+                m.grant = Some(verdict);
+            }
+            out.push((key.clone(), verdict));
+        }
+    }
+}

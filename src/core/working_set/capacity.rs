@@ -1,0 +1,142 @@
+//! What the cache holds and how fast the engine refills it: the capacity
+//! in tokens, the prefill rate, and the refill window `C / r` they give.
+
+use std::collections::VecDeque;
+
+use super::tuning::{USAGE_SAMPLES, USAGE_SAMPLE_FLOOR};
+use super::EngineCapacity;
+
+/// The capacity in force and the refill window derived from it.
+#[derive(Debug)]
+pub(super) struct Capacity {
+    engine: EngineCapacity,
+    /// Tokens; `None` while neither the engine nor the gauge has said.
+    estimate: Option<f64>,
+    /// Capacity estimates from usage answers, while the engine gives none.
+    usage_samples: VecDeque<f64>,
+    /// The prefill rate measured from turn reports, tokens/s: uncached
+    /// prompt tokens over the turn's time, a lower bound (the turn also
+    /// waited and decoded); the best seen.
+    reported_rate: f64,
+    /// The refill window in force, ns.
+    window: u64,
+    initial_window: u64,
+}
+
+impl Capacity {
+    pub(super) fn new(initial_window: u64) -> Self {
+        Self {
+            engine: EngineCapacity::default(),
+            estimate: None,
+            usage_samples: VecDeque::new(),
+            reported_rate: 0.0,
+            window: initial_window,
+            initial_window,
+        }
+    }
+
+    /// The engine's answer to the capacity probe: figures reported as 0
+    /// keep what was known.
+    pub(super) fn set_engine(&mut self, engine: EngineCapacity) {
+        if engine == self.engine {
+            return;
+        }
+        if engine.tokens > 0 && engine.tokens != self.engine.tokens {
+            self.engine.tokens = engine.tokens;
+            self.estimate = Some(engine.tokens as f64);
+        }
+        if engine.block_tokens > 0 {
+            self.engine.block_tokens = engine.block_tokens;
+        }
+        if engine.prefill_tokens_per_sec > 0.0 {
+            self.engine.prefill_tokens_per_sec = engine.prefill_tokens_per_sec;
+        }
+        self.update_window();
+    }
+
+    /// Whether the engine has said its capacity.
+    pub(super) fn engine_told(&self) -> bool {
+        self.engine.tokens > 0
+    }
+
+    /// Whether `usage` is an answer worth reading.
+    pub(super) fn usable(usage: f64) -> bool {
+        (USAGE_SAMPLE_FLOOR..=1.0).contains(&usage)
+    }
+
+    /// A usage answer while the engine has not said its capacity: the
+    /// members in flight hold `in_flight` tokens, so the cache holds about
+    /// `in_flight / usage`. The least of the recent samples is used,
+    /// because a sample errs upward: a turn admitted but still queued in
+    /// the engine, or still generating, holds fewer blocks than it is
+    /// counted for (only traffic that bypasses the gate errs downward, to
+    /// the safe side).
+    pub(super) fn sample_usage(&mut self, usage: f64, in_flight: u64) {
+        if in_flight == 0 {
+            return;
+        }
+        let sample = in_flight as f64 / usage;
+        if self.usage_samples.len() == USAGE_SAMPLES {
+            self.usage_samples.pop_front();
+        }
+        self.usage_samples.push_back(sample);
+        let least = self.usage_samples.iter().copied().fold(sample, f64::min);
+        self.estimate = Some(least);
+        self.update_window();
+    }
+
+    /// A turn reported that it prefilled `uncached` tokens in `secs`.
+    pub(super) fn report_turn(&mut self, uncached: u64, secs: f64) {
+        self.reported_rate = self.reported_rate.max(uncached as f64 / secs);
+        self.update_window();
+    }
+
+    /// Capacity in force, tokens (infinite while unknown: everyone fits).
+    pub(super) fn tokens(&self) -> f64 {
+        self.estimate.unwrap_or(f64::INFINITY)
+    }
+
+    /// The capacity in force, if known.
+    pub(super) fn known(&self) -> Option<f64> {
+        self.estimate
+    }
+
+    /// The engine's capacity figure, tokens (0 while unknown).
+    pub(super) fn engine_tokens(&self) -> u64 {
+        self.engine.tokens
+    }
+
+    /// Tokens per KV block (1 while unknown).
+    pub(super) fn block_tokens(&self) -> u64 {
+        u64::from(self.engine.block_tokens.max(1))
+    }
+
+    /// `tokens` rounded up to whole blocks.
+    pub(super) fn blocks(&self, tokens: u64) -> u64 {
+        let block = self.block_tokens();
+        tokens.div_ceil(block) * block
+    }
+
+    /// The prefill rate in force, tokens/s: the engine's, else the one
+    /// measured from turn reports (0 while neither is known).
+    pub(super) fn prefill_rate(&self) -> f64 {
+        if self.engine.prefill_tokens_per_sec > 0.0 {
+            self.engine.prefill_tokens_per_sec
+        } else {
+            self.reported_rate
+        }
+    }
+
+    /// How long the engine takes to prefill its whole cache, ns.
+    pub(super) fn window_ns(&self) -> u64 {
+        self.window
+    }
+
+    fn update_window(&mut self) {
+        let rate = self.prefill_rate();
+        self.window = match self.estimate {
+            Some(c) if rate > 0.0 => ((c / rate) * 1e9).min(u64::MAX as f64 / 2.0) as u64,
+            _ => self.initial_window,
+        };
+    }
+}

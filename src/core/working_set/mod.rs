@@ -1,0 +1,421 @@
+//! Working-set admission: which sessions may have turns on the engine, so
+//! that what they keep in the prefix cache fits in it.
+//!
+//! An agent session re-sends its whole history every turn. Between turns
+//! (a tool call) it runs nothing, and vLLM frees its blocks to the free
+//! queue, where they stay cached until the engine needs them. Once the
+//! histories of the sessions taking turns outgrow the cache, each turn
+//! evicts another session's history and every return re-prefills it:
+//! thrashing. This is Denning's working-set load control (1968) mapped
+//! onto a prefix cache: a session is a process, its history is its working
+//! set, a turn whose prefix was evicted is a page fault and its re-prefill
+//! the fault's service time. Thrashing is cured by limiting *which
+//! sessions are active* to what fits, not by a better eviction order. The
+//! engine's usage gauge cannot do it: it counts only the blocks of running
+//! requests, and a session in a tool call is invisible to it.
+//!
+//! So the working set counts, in tokens of KV (module `capacity` for the
+//! capacity `C` and the engine's prefill rate `r`):
+//! - each member's **footprint**: its newest prompt plus its output,
+//!   whole blocks; the **shared prefix** is counted once for all sessions
+//!   (module `shared_prefix`);
+//! - **ghosts**: a session that left leaves its blocks in the free queue,
+//!   and the engine evicts the least recently freed first, so blocks freed
+//!   after a member's still stand between it and eviction (module
+//!   `roster`);
+//! - a **reserve** per member: what its next turn adds (module
+//!   `estimates`).
+//!
+//! How long to keep a member's place between turns follows from the two
+//! costs (ski rental). Holding a footprint `f` for a time `t` idles `f·t`
+//! of cache; dropping it costs a re-prefill of `f`, during which the cache
+//! waits: `f·C/r`. They break even at `t = C/r` whatever `f`: the
+//! **refill window**. A member keeps its place for one window after each
+//! turn, unless its own tool calls usually outlast the window (module
+//! `window`), or the host tells no ends and the session has run the turns
+//! sessions usually end after.
+//!
+//! The rule that lets others in (module `admission`): a member's turn
+//! always goes in; everyone else queues, first come first served. The
+//! head joins when nobody is in, or when it fits beside the members and
+//! their reserves and the members would still fit as they grow over a
+//! window's turns (each weighted by the chance, measured on the sessions
+//! that finished, that it is still running then). When prompts grow until
+//! the members no longer fit, the member between turns released longest
+//! ago is **parked**: the engine would evict its blocks first anyway. A
+//! head that has waited `B` windows (the **wait bound**) has members
+//! between turns parked for it: each park costs at most a window of
+//! re-prefill, so the bound costs at most `1/B` of the engine.
+//!
+//! Each rule kept here was measured against the hindsight-best fixed cap
+//! with it switched off; rules that did not earn their keep were removed
+//! (`docs/decisions/working-set-distilled.md`).
+//!
+//! This module is bookkeeping only: no lock, no clock, no probe. The core
+//! keeps one per gate behind one lock (`core::ledger`) and feeds it time
+//! and the engine's answers. A grant made while the session's attempt
+//! sleeps is kept until that attempt collects it, or withdrawn with it.
+
+mod admission;
+mod audit;
+mod capacity;
+mod estimates;
+mod holding;
+mod lifecycle;
+mod lifetimes;
+mod queue;
+mod roster;
+mod rotation_budget;
+mod shared_prefix;
+mod silences;
+mod tuning;
+mod turns;
+mod window;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use slab::Slab;
+
+use super::prompt::PromptSketch;
+use capacity::Capacity;
+use estimates::Means;
+use lifecycle::{Member, Session, Stage};
+use lifetimes::Lifetimes;
+use queue::Queue;
+use roster::{Ghosts, IdleList};
+use rotation_budget::RotationBudget;
+use shared_prefix::{InFlight, SharedPrefix};
+use silences::Silences;
+pub use tuning::Tuning;
+
+/// The map of sessions hashes with FxHash: its keys come hashed already
+/// (the ledger's `SessionId` writes the session table's keyed hash).
+type KeyMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
+
+/// A session's index in [`WorkingSet::sessions`]: stable while the working
+/// set knows the session, so the queue and the list of members between
+/// turns name sessions by it.
+type Slot = usize;
+
+/// What the engine says about its KV cache (the capacity probe).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
+pub struct EngineCapacity {
+    /// KV capacity in tokens (vLLM: `num_gpu_blocks × block_size`); 0 when unknown.
+    pub tokens: u64,
+    /// Tokens per KV block (vLLM's `block_size`); 0 when unknown.
+    pub block_tokens: u32,
+    /// The engine's typical prefill throughput (`kvgate_vllm`: the median
+    /// of its recent steps that were mostly prefill), tokens per second; 0
+    /// when unknown.
+    pub prefill_tokens_per_sec: f64,
+}
+
+impl EngineCapacity {
+    /// An answer with all three figures (0 for any that is unknown).
+    pub fn new(tokens: u64, block_tokens: u32, prefill_tokens_per_sec: f64) -> Self {
+        let rate = if prefill_tokens_per_sec.is_finite() && prefill_tokens_per_sec > 0.0 {
+            prefill_tokens_per_sec
+        } else {
+            0.0
+        };
+        Self {
+            tokens,
+            block_tokens,
+            prefill_tokens_per_sec: rate,
+        }
+    }
+}
+
+/// What the host learned from the engine about one finished turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct TurnReport {
+    /// Prompt tokens the engine served from its prefix cache (vLLM's
+    /// `num_cached_tokens`), if known.
+    pub cached_tokens: Option<u64>,
+    /// Tokens the turn generated, if known.
+    pub output_tokens: Option<u64>,
+}
+
+impl TurnReport {
+    /// A report of what the engine measured (`None` for what is unknown).
+    pub fn new(cached_tokens: Option<u64>, output_tokens: Option<u64>) -> Self {
+        Self {
+            cached_tokens,
+            output_tokens,
+        }
+    }
+}
+
+/// The working set's answer to a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The session is a member: its window carries it in.
+    Member,
+    /// Its footprint fits beside the members'.
+    Fits,
+    /// Nobody else is in the working set (liveness).
+    Empty,
+    /// It waited past the wait bound, and members were parked for it.
+    WaitBound,
+    /// Holding sessions out does not pay now ([`WorkingSet::holding_pays`]):
+    /// it goes in whether or not it fits.
+    RunningColdPays,
+    /// It waits in the queue.
+    Wait,
+}
+
+/// Figures for monitoring.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
+pub struct WorkingSetStats {
+    /// Sessions in the working set.
+    pub members: usize,
+    /// Sessions waiting to join.
+    pub waiting: usize,
+    /// Tokens counted now (members, the shared prefix, ghosts).
+    pub load_tokens: u64,
+    /// Capacity in force, tokens (0 while unknown).
+    pub capacity_tokens: u64,
+    /// Shared prefix counted once, tokens.
+    pub shared_prefix_tokens: u64,
+    /// The refill window, ns.
+    pub window_ns: u64,
+    /// Members parked so far.
+    pub parked: u64,
+    /// Whether holding sessions out pays ([`WorkingSet::holding_pays`]), as
+    /// last decided for a queue head.
+    pub holding: bool,
+    /// How many turns ahead a joining session must still fit beside the
+    /// members: the turns a session runs in one refill window (1 while
+    /// that is unknown).
+    pub horizon_turns: u32,
+}
+
+/// The working set of one engine.
+#[derive(Debug)]
+pub struct WorkingSet<K: Eq + Hash + Clone> {
+    tuning: Tuning,
+    capacity: Capacity,
+    /// Every session known (members, sessions waiting, sessions between
+    /// stays whose history is kept), each at its [`Slot`].
+    sessions: Slab<Session<K>>,
+    slots: KeyMap<K, Slot>,
+    member_count: usize,
+    /// The members between turns, by release.
+    idle: IdleList,
+    /// Members' own tokens (the shared prefix excluded), summed.
+    own_sum: u64,
+    /// Members' reserves, summed.
+    reserve_sum: u64,
+    queue: Queue,
+    /// Stays begun so far: names each stay ([`Member::joined`]).
+    stays: u64,
+    ghosts: Ghosts<K>,
+    shared: SharedPrefix,
+    means: Means,
+    lifetimes: Lifetimes,
+    /// Sessions that left between turns, for ends presumed while the host
+    /// tells none.
+    silences: Silences,
+    parked: u64,
+    /// Whether holding sessions out pays ([`WorkingSet::holding_pays`]).
+    holding: bool,
+    /// What parks forced by the wait bound may still cost.
+    rotation_budget: RotationBudget,
+}
+
+impl<K: Eq + Hash + Clone> WorkingSet<K> {
+    /// An empty working set; until the engine's capacity is known, everyone fits.
+    pub fn new(tuning: Tuning) -> Self {
+        Self {
+            tuning,
+            capacity: Capacity::new(tuning.initial_window_ns),
+            sessions: Slab::new(),
+            slots: KeyMap::default(),
+            member_count: 0,
+            idle: IdleList::default(),
+            own_sum: 0,
+            reserve_sum: 0,
+            queue: Queue::default(),
+            stays: 0,
+            ghosts: Ghosts::default(),
+            shared: SharedPrefix::default(),
+            means: Means::default(),
+            lifetimes: Lifetimes::default(),
+            silences: Silences::default(),
+            parked: 0,
+            holding: true,
+            rotation_budget: RotationBudget::default(),
+        }
+    }
+
+    /// Records the engine's answer to the capacity probe. A new capacity
+    /// replaces the estimate; figures reported as 0 keep what was known.
+    pub fn set_engine(&mut self, engine: EngineCapacity) {
+        self.capacity.set_engine(engine);
+    }
+
+    /// Records a usage answer (the fraction of KV blocks held by running
+    /// requests): it estimates the capacity while the engine has not said
+    /// it, and the shared prefix while nothing else shows it.
+    pub fn observe_usage(&mut self, usage: f64) {
+        if !Capacity::usable(usage) {
+            return;
+        }
+        if !self.capacity.engine_told() {
+            let in_flight: u64 = self
+                .members()
+                .filter(|(_, m)| m.in_flight > 0)
+                .map(|(s, m)| self.own(s, m.footprint))
+                .sum();
+            if in_flight > 0 {
+                let held = self.shared.tokens + in_flight;
+                self.capacity.sample_usage(usage, held);
+            }
+        } else if self.shared.blind() {
+            let mut f = InFlight {
+                turns: 0,
+                prompts: 0,
+                shortest: u64::MAX,
+                longest: 0,
+            };
+            for (s, m) in self.members() {
+                if m.in_flight > 0 {
+                    let prompt = self.sessions[s].history.last_prompt;
+                    f.turns += 1;
+                    f.prompts += prompt;
+                    f.shortest = f.shortest.min(prompt);
+                    f.longest = f.longest.max(prompt);
+                }
+            }
+            let used = usage * self.capacity.engine_tokens() as f64;
+            let block = self.capacity.block_tokens();
+            if let Some(shared) = self.shared.sample_usage(used, f, block) {
+                self.raise_shared_prefix(shared);
+            }
+        }
+    }
+
+    /// The prefix sessions share is now `shared` tokens: the members, which
+    /// counted it as their own, are counted without it.
+    fn raise_shared_prefix(&mut self, shared: u64) {
+        let mut own_sum = 0;
+        for (_, r) in self.sessions.iter_mut() {
+            if let Stage::Member(m) = &r.stage {
+                r.history.shared_credit = shared;
+                own_sum += r.history.own(m.footprint, shared);
+            }
+        }
+        self.own_sum = own_sum;
+    }
+
+    /// Capacity in force, tokens (infinite while unknown).
+    pub fn capacity(&self) -> f64 {
+        self.capacity.tokens()
+    }
+
+    /// How long the engine takes to prefill its whole cache, ns: a
+    /// member's window.
+    pub fn window_ns(&self) -> u64 {
+        self.capacity.window_ns()
+    }
+
+    fn wait_bound_ns(&self) -> u64 {
+        (self.window_ns() as f64 * self.tuning.wait_bound_windows) as u64
+    }
+
+    /// Tokens counted now (nothing while the working set is empty).
+    pub fn load(&self) -> u64 {
+        if self.member_count == 0 {
+            return 0;
+        }
+        self.counted()
+    }
+
+    /// The shared prefix once, the members' own tokens, the ghosts'.
+    fn counted(&self) -> u64 {
+        self.shared.tokens + self.own_sum + self.ghost_tokens()
+    }
+
+    fn oldest_idle_release(&self) -> Option<u64> {
+        let first = self.idle.first?;
+        Some(self.sessions[first].member()?.released_at)
+    }
+
+    /// The ghosts freed after the oldest member between turns.
+    fn ghost_tokens(&self) -> u64 {
+        self.oldest_idle_release()
+            .map_or(0, |oldest| self.ghosts.own_freed_after(oldest))
+    }
+
+    /// The own tokens out of `footprint` of the session at `s`.
+    fn own(&self, s: Slot, footprint: u64) -> u64 {
+        self.sessions[s].history.own(footprint, self.shared.tokens)
+    }
+
+    /// Every member, with its slot (in no particular order).
+    fn members(&self) -> impl Iterator<Item = (Slot, &Member)> {
+        self.sessions
+            .iter()
+            .filter_map(|(s, r)| Some((s, r.member()?)))
+    }
+
+    /// The slot of `key`'s record, made empty if the session is new.
+    fn slot_or_insert(&mut self, key: &K) -> Slot {
+        if let Some(&s) = self.slots.get(key) {
+            return s;
+        }
+        let s = self.sessions.insert(Session::new(key.clone()));
+        self.slots.insert(key.clone(), s);
+        s
+    }
+
+    /// Lets in the queue heads that may enter at `now`, in order: each joins
+    /// the working set and keeps its grant until its attempt collects it
+    /// with [`WorkingSet::request`]. Returns them, with why.
+    pub fn admit_waiting(&mut self, now: u64, out: &mut Vec<(K, Verdict)>) {
+        self.end_windows(now);
+        self.admit_queue_heads(now, out);
+    }
+
+    /// Where `key` waits: its sequence number in the queue (first come,
+    /// first served).
+    pub fn queue_position(&self, key: &K) -> Option<u64> {
+        Some(self.sessions[*self.slots.get(key)?].waiting()?.at)
+    }
+
+    /// Whether `key` is waiting in the queue.
+    pub fn is_waiting(&self, key: &K) -> bool {
+        self.slots
+            .get(key)
+            .is_some_and(|&s| self.sessions[s].waiting().is_some())
+    }
+
+    /// Whether `key` is in the working set.
+    pub fn is_member(&self, key: &K) -> bool {
+        self.slots
+            .get(key)
+            .is_some_and(|&s| self.sessions[s].member().is_some())
+    }
+
+    /// Figures for monitoring.
+    pub fn stats(&self) -> WorkingSetStats {
+        WorkingSetStats {
+            members: self.member_count,
+            waiting: self.queue.len(),
+            load_tokens: self.load(),
+            capacity_tokens: self.capacity.known().map_or(0, |c| c as u64),
+            shared_prefix_tokens: self.shared.tokens,
+            window_ns: self.window_ns(),
+            parked: self.parked,
+            holding: self.holding,
+            horizon_turns: self.means.turns_in(self.window_ns()),
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! A turn asks and a turn ends: what each does to the working set, and
+//! what it teaches (the output, the growth, the shared prefix, the prefill
+//! rate).
+
+use std::hash::Hash;
+
+use super::lifecycle::{saw_sketch, Leaving, Session, Stage, ToolGap, Waiting};
+use super::window::keeps_window;
+use super::{PromptSketch, Slot, TurnReport, Verdict, WorkingSet};
+
+impl<K: Eq + Hash + Clone> WorkingSet<K> {
+    /// A turn of `key` with a `prompt`-token prompt asks to be admitted at
+    /// `now`. A session already queued keeps its place (a retry does not
+    /// lose it); a grant handed over while it slept is collected here.
+    pub fn request(&mut self, key: &K, prompt: u64, now: u64) -> Verdict {
+        self.request_sketched(key, prompt, None, now)
+    }
+
+    /// [`WorkingSet::request`] with the prompt's sketch, when the driver
+    /// has the prompt's tokens: a first prompt is compared with the last
+    /// first prompt seen, which shows the shared prefix to a host that
+    /// reports no cached tokens.
+    pub fn request_sketched(
+        &mut self,
+        key: &K,
+        prompt: u64,
+        sketch: Option<&PromptSketch>,
+        now: u64,
+    ) -> Verdict {
+        self.end_windows(now);
+        let s = self.slot_or_insert(key);
+        if let Some(m) = self.sessions[s].member_mut() {
+            if let Some(grant) = m.grant.take() {
+                return grant;
+            }
+        }
+        self.close_gap(s, now);
+        self.means
+            .learn_growth(&mut self.sessions[s].history, prompt);
+        if self.sessions[s].member().is_some() {
+            saw_sketch(&mut self.sessions[s].history, sketch);
+            return self.member_request(s, prompt, now);
+        }
+        let block = self.capacity.block_tokens();
+        let first_turn = self.sessions[s].history.turns == 0;
+        if first_turn {
+            let h = &self.sessions[s].history;
+            if let (Some(sketch), false) = (sketch, h.sketched) {
+                let shared = self.shared.compare_first_prompt(sketch, block);
+                self.sessions[s].history.sketched_shared = shared;
+            }
+            self.sessions[s].history.shared_credit = self.shared.expected_first_hit(block);
+        }
+        saw_sketch(&mut self.sessions[s].history, sketch);
+        self.enqueue(s, prompt, now);
+        if self.queue.head() != Some(s) {
+            return Verdict::Wait;
+        }
+        self.update_holding();
+        let verdict = self.head_verdict(s, now);
+        if verdict != Verdict::Wait {
+            self.join(s, now);
+        }
+        verdict
+    }
+
+    /// Queues the session at `s` (`Away` → `Waiting`), or notes the prompt
+    /// of its retry if it waits already.
+    pub(super) fn enqueue(&mut self, s: Slot, prompt: u64, now: u64) {
+        match &mut self.sessions[s].stage {
+            Stage::Waiting(w) => w.prompt = prompt,
+            Stage::Away => {
+                let at = self.queue.push(s);
+                self.sessions[s].stage = Stage::Waiting(Waiting {
+                    at,
+                    since: now,
+                    prompt,
+                    past_bound: false,
+                });
+            }
+            Stage::Member(_) => unreachable!("a member does not queue"),
+        }
+    }
+
+    /// The session's tool gap ends at `now`, if one is open: the gap is
+    /// learned, and a presumed end is taken back.
+    pub(super) fn close_gap(&mut self, s: Slot, now: u64) {
+        let Session { gap, history, .. } = &mut self.sessions[s];
+        if let ToolGap::Quiet { .. } = gap {
+            self.lifetimes.take_back(history.turns);
+        }
+        if let (Some(since), true) = (gap.since(), history.turns > 0) {
+            let length = now.saturating_sub(since);
+            history.gaps.push(length);
+            self.silences.gap(length);
+            self.means.gap_took(length);
+        }
+        *gap = ToolGap::Closed;
+    }
+
+    /// A member's turn asks: it goes in, its footprint grows to the
+    /// prompt's, and members between turns are parked if that no longer fits.
+    pub(super) fn member_request(&mut self, s: Slot, prompt: u64, now: u64) -> Verdict {
+        self.idle.remove(&mut self.sessions, s);
+        let footprint = self
+            .capacity
+            .blocks(prompt.saturating_add(self.means.output_of(&self.sessions[s].history)));
+        let shared = self.shared.tokens;
+        let reserve = self.means.next_turn_growth(&self.sessions[s].history);
+        let Session { stage, history, .. } = &mut self.sessions[s];
+        let Stage::Member(m) = stage else {
+            unreachable!("a member asks");
+        };
+        m.in_flight += 1;
+        m.cold = !self.holding;
+        if footprint > m.footprint {
+            self.own_sum =
+                self.own_sum - history.own(m.footprint, shared) + history.own(footprint, shared);
+            m.footprint = footprint;
+        }
+        history.last_prompt = prompt;
+        self.reserve_sum = self.reserve_sum - m.reserve + reserve;
+        m.reserve = reserve;
+        self.shrink_to_fit(now, Some(s));
+        Verdict::Member
+    }
+
+    /// Which stay of `key` in the working set a turn admitted now belongs
+    /// to (0: none): a release names it, so a lease granted before the
+    /// session was finished and began again cannot end the new stay's turn.
+    pub fn membership(&self, key: &K) -> u64 {
+        self.slots
+            .get(key)
+            .and_then(|&s| self.sessions[s].member())
+            .map_or(0, |m| m.joined)
+    }
+
+    /// A turn of `key` admitted at `admitted_at`, during its current stay
+    /// in the working set, ended at `now`.
+    pub fn release(
+        &mut self,
+        key: &K,
+        prompt: u64,
+        report: TurnReport,
+        admitted_at: u64,
+        now: u64,
+    ) {
+        let membership = self.membership(key);
+        self.release_of(key, prompt, report, admitted_at, membership, now);
+    }
+
+    /// A turn of `key` admitted at `admitted_at` during its stay
+    /// `membership` ([`WorkingSet::membership`]) ended at `now`. A turn of
+    /// an earlier stay (the session was finished meanwhile, and maybe began
+    /// again) changes nothing: what it would teach belongs to a session
+    /// that is gone.
+    pub fn release_of(
+        &mut self,
+        key: &K,
+        prompt: u64,
+        report: TurnReport,
+        admitted_at: u64,
+        membership: u64,
+        now: u64,
+    ) {
+        let slot = self.slots.get(key).copied();
+        if self.membership(key) != membership {
+            self.end_windows(now);
+            return;
+        }
+        // A turn let in cold says nothing of a hot turn's time (counting it
+        // made the holding rule its own judge).
+        let cold = slot.is_some_and(|s| self.sessions[s].member().is_some_and(|m| m.cold));
+        if !cold {
+            self.means.turn_took(now.saturating_sub(admitted_at));
+        }
+        // Its own tokens before the report can change what it shares.
+        let own_before = slot.and_then(|s| Some(self.own(s, self.sessions[s].member()?.footprint)));
+        self.learn(slot, prompt, report, admitted_at, now);
+        if let Some(s) = slot {
+            let output = report
+                .output_tokens
+                .unwrap_or(self.sessions[s].history.last_output);
+            let r = &mut self.sessions[s];
+            r.history.turns += 1;
+            r.history.last_prompt = prompt;
+            r.history.last_output = output;
+            r.gap = ToolGap::Open { since: now };
+            match own_before {
+                Some(own_before) => self.member_release(s, own_before, prompt + output, now),
+                None => self.silences.left(s, now),
+            }
+        }
+        self.end_windows(now);
+        if slot.is_some() {
+            self.shrink_to_fit(now, None);
+        }
+    }
+
+    /// A member's turn ended at `now` with `tokens` of prompt and output
+    /// cached (`own_before` of them its own before the turn): its footprint
+    /// is that now, and between turns it keeps its place for a window
+    /// ([`keeps_window`]), listed by release.
+    pub(super) fn member_release(&mut self, s: Slot, own_before: u64, tokens: u64, now: u64) {
+        let footprint = self.capacity.blocks(tokens);
+        let h = &self.sessions[s].history;
+        let keeps_window = keeps_window(&h.gaps, self.window_ns())
+            && (self.silences.is_told() || !self.lifetimes.ends_after(h.turns));
+        let reserve = self.means.next_turn_growth(h);
+        let shared = self.shared.tokens;
+        self.idle.remove(&mut self.sessions, s);
+        let Session { stage, history, .. } = &mut self.sessions[s];
+        let Stage::Member(m) = stage else {
+            unreachable!("a member's turn ends");
+        };
+        self.own_sum = self.own_sum - own_before + history.own(footprint, shared);
+        m.footprint = footprint;
+        m.in_flight = m.in_flight.saturating_sub(1);
+        let between_turns = m.in_flight == 0;
+        if between_turns {
+            m.released_at = now;
+        }
+        self.reserve_sum = self.reserve_sum - m.reserve + reserve;
+        m.reserve = reserve;
+        self.idle.insert(&mut self.sessions, s);
+        if between_turns && !keeps_window {
+            self.leave(s, now, Leaving::BetweenTurns);
+        }
+    }
+
+    /// Learns the output length, the shared prefix and the prefill rate
+    /// from one turn's report (of the session at `s`, if it is known).
+    pub(super) fn learn(
+        &mut self,
+        s: Option<Slot>,
+        prompt: u64,
+        report: TurnReport,
+        admitted_at: u64,
+        now: u64,
+    ) {
+        if let Some(out) = report.output_tokens {
+            self.means.output_was(out);
+        }
+        let Some(cached) = report.cached_tokens else {
+            // What a first prompt's sketch shared stands for its cached tokens.
+            if let Some(h) = s.map(|s| &mut self.sessions[s].history) {
+                if h.turns == 0 && h.sketched_shared > 0 {
+                    h.shared_credit = h.sketched_shared;
+                    self.shared.first_turn_shared(h.sketched_shared);
+                }
+            }
+            return;
+        };
+        self.shared.saw_cached_report();
+        let Some(s) = s else {
+            return;
+        };
+        let h = &mut self.sessions[s].history;
+        if h.turns == 0 {
+            h.shared_credit = cached;
+            self.shared.first_turn_shared(cached);
+        }
+        let secs = now.saturating_sub(admitted_at).max(1) as f64 / 1e9;
+        self.capacity
+            .report_turn(prompt.saturating_sub(cached), secs);
+    }
+}
