@@ -1093,7 +1093,7 @@ kvgate_status kvgate_release(struct kvgate_gate *gate, uint64_t lease);
  * `kvgate_release` with what the engine reported of the turn: the prompt
  * tokens it served from its prefix cache (vLLM's `num_cached_tokens`) and
  * the tokens the turn generated; a negative value means unknown. Working-set
- * admission learns the shared prefix, the members' misses and the engine's
+ * admission learns the shared prefix, the turns' output and the engine's
  * prefill rate from these; reference mode ignores them. Same statuses and
  * thread-safety as `kvgate_release`.
  *
@@ -1290,9 +1290,8 @@ void kvgate_waker_free(struct kvgate_waker *waker);
  *
  * A host that has the prompt's token ids should pass them with
  * `kvgate_attempt_begin_with_prompt`: given only the length, working-set
- * admission cannot tell an agent that rewrote its history (compacted it,
- * stubbed old tool results) from a cache that lost it, and may then hold
- * the working set below what the cache holds.
+ * admission cannot see from the prompts what sessions share (it then
+ * learns it from cached-token reports, or from the usage answers).
  *
  * On `KVGATE_OK`, the caller owns `*out_attempt` and frees it once with
  * `kvgate_attempt_free` (after its end, or to abandon it). Any step may
@@ -1322,10 +1321,9 @@ kvgate_status kvgate_attempt_begin(struct kvgate_gate *gate,
  * (`prompt_len` of them at `prompt_ids`, read during the call only): the
  * gate keeps a few of them per session (a sketch, not the prompt), to see
  * how far each turn's prompt begins like the session's last one.
- * Working-set admission learns the cache's capacity from the members'
- * turns that miss what they should have hit; with the ids, a turn whose
- * agent rewrote its history (compacted it, replaced old tool results by
- * a stub, dropped its thinking) is expected to hit only what it kept.
+ * Working-set admission compares sessions' first prompts, which shows the
+ * prefix they share (a system prompt, tool definitions) to a host whose
+ * engine reports no cached tokens.
  *
  * Statuses as `kvgate_attempt_begin`, and `KVGATE_INVALID_ARGUMENT` for a
  * NULL `prompt_ids` with a non-zero `prompt_len` or a misaligned one.

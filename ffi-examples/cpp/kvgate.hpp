@@ -491,8 +491,8 @@ public:
     }
 
     /// `begin` with the prompt's token ids: working-set admission sketches
-    /// them, to tell an agent that rewrote its history (compacted it,
-    /// stubbed old tool results) from a cache too small for it.
+    /// them, to learn the prefix sessions share when the engine reports no
+    /// cached tokens.
     Attempt begin_with_prompt(std::string_view session, const std::vector<uint32_t>& prompt,
                               const Waker& waker, uint64_t tag,
                               std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {

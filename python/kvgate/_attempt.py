@@ -74,9 +74,9 @@ class Attempt:
         ids: Optional[Sequence[int]] = None,
     ) -> None:
         """``ids``, when given, are the prompt's token ids (``prompt_len``
-        of them): in working-set mode the gate sketches them, to expect a
-        turn whose agent rewrote its history (compacted it, stubbed old tool
-        results) to hit only what it kept."""
+        of them): in working-set mode the gate sketches them, and compares
+        sessions' first prompts to learn the prefix they share when the
+        engine reports no cached tokens."""
         self._lib = gate._lib
         self._raw: Optional[_ffi.attempt_p] = None
         self._step = _ffi.kvgate_step()

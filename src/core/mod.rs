@@ -361,7 +361,7 @@ impl Core {
 
     /// [`Core::release`] with what the engine reported of the turn (its
     /// cached prompt tokens, its output): working-set admission learns the
-    /// shared prefix, the members' misses and the prefill rate from it.
+    /// shared prefix, the turns' output and the prefill rate from it.
     pub fn release_with(&self, lease: LeaseToken, report: TurnReport, now: u64) {
         let (key, admission, holds, turn) = lease.into_parts();
         let (index, shard) = self.shard_of(&key);

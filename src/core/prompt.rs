@@ -2,16 +2,10 @@
 //! tokens at fixed positions, enough to say how far a session's next prompt
 //! begins like its last one.
 //!
-//! The working set learns the cache's real capacity from the turns of its
-//! members that miss what they should have hit. "Should" is the part of the
-//! prompt the session's previous prompt began with, and agents do not all
-//! append: some compact a long history into a summary, some replace old
-//! tool results by a stub (SWE-agent's last-N observations), reasoning
-//! models drop their thinking from the history. Such a turn misses by
-//! design, not because the cache was too small, and counting it as a
-//! capacity miss drove the estimate to its floor (measured in the
-//! simulator, `elide`: half the engine's capacity, 1.12x the best fixed
-//! cap's makespan where the gate told the truth was 0.98x).
+//! The working set compares sessions' first prompts: how far they begin
+//! alike is the prefix they share (a system prompt, tool definitions),
+//! which a host whose engine reports no cached tokens cannot learn
+//! otherwise.
 //!
 //! A sketch samples a pair of tokens at positions 0, 1, 3, 7, ..., 511
 //! (dense at the start, where a changed system prompt or date would sit)

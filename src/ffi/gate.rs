@@ -296,7 +296,7 @@ pub unsafe extern "C" fn kvgate_release(gate: *mut kvgate_gate, lease: u64) -> k
 /// `kvgate_release` with what the engine reported of the turn: the prompt
 /// tokens it served from its prefix cache (vLLM's `num_cached_tokens`) and
 /// the tokens the turn generated; a negative value means unknown. Working-set
-/// admission learns the shared prefix, the members' misses and the engine's
+/// admission learns the shared prefix, the turns' output and the engine's
 /// prefill rate from these; reference mode ignores them. Same statuses and
 /// thread-safety as `kvgate_release`.
 ///
