@@ -337,6 +337,8 @@ fn the_blocking_gate_sketches_first_prompts_to_learn_the_shared_prefix() {
         let lease = gate.acquire(id.as_bytes(), &prompt).unwrap();
         clock.advance(Duration::from_millis(10));
         lease.release_with(TurnReport::new(None, Some(0)));
+        // Each session ends after one turn, so that the next has room.
+        gate.finish_session(id.as_bytes());
         clock.advance(Duration::from_millis(10));
     }
     let shared = gate.stats().working_set.shared_prefix_tokens;
