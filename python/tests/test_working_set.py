@@ -79,40 +79,41 @@ def test_the_gate_timer_admits_a_waiter_when_a_window_ends(engine):
     gate.close()
 
 
-def rewriting_agent(gate, acquire, prompt_of) -> int:
-    """Twenty turns of an agent that keeps the first 300 tokens of its
-    prompt and rewrites the 400 after each turn (as one that stubs old tool
-    results); the engine reports the 300 kept as cached. Returns the
-    working set's capacity estimate after."""
-    for turn in range(20):
-        ids = list(range(300)) + [10_000 * (turn + 1) + i for i in range(400)]
-        lease = acquire("agent", prompt_of(ids))
-        lease.release(cached_tokens=300, output_tokens=0)
-    return gate.stats().working_set_capacity_tokens
+def sessions_sharing_a_prefix(gate, acquire, prompt_of) -> int:
+    """Three sessions whose first prompts share their first 300 tokens, one
+    turn each, behind an engine that reports no cached tokens. Returns the
+    shared prefix the working set learned."""
+    for session in range(3):
+        ids = list(range(300)) + [10_000 * (session + 1) + i for i in range(400)]
+        lease = acquire(f"agent-{session}", prompt_of(ids))
+        lease.release(cached_tokens=None, output_tokens=0)
+        assert gate.finish_session(f"agent-{session}") is not None
+    return gate.stats().working_set_shared_prefix_tokens
 
 
-def test_token_ids_let_the_gate_tell_a_rewritten_history_from_a_small_cache(engine):
+def test_token_ids_let_the_gate_learn_the_shared_prefix_without_cached_tokens(engine):
     """With the ids (asyncio and blocking drivers alike) the gate sketches
-    the prompts and expects only the kept part to hit; told only the
-    length, it takes the rewrites for evictions and lowers its estimate."""
+    the first prompts and learns what they share; told only the lengths,
+    one turn at a time, it cannot."""
     gate = working_set_gate(engine)
 
-    async def asyncio_turns():
-        for turn in range(20):
-            ids = list(range(300)) + [10_000 * (turn + 1) + i for i in range(400)]
-            lease = await gate.acquire("agent", ids)
-            lease.release(cached_tokens=300, output_tokens=0)
-        return gate.stats().working_set_capacity_tokens
+    async def asyncio_sessions():
+        for session in range(3):
+            ids = list(range(300)) + [10_000 * (session + 1) + i for i in range(400)]
+            lease = await gate.acquire(f"agent-{session}", ids)
+            lease.release(cached_tokens=None, output_tokens=0)
+            assert gate.finish_session(f"agent-{session}") is not None
+        return gate.stats().working_set_shared_prefix_tokens
 
-    assert run(asyncio_turns()) == 1000
+    assert 0 < run(asyncio_sessions()) <= 300
     gate.close()
 
     gate = working_set_gate(engine)
-    assert rewriting_agent(gate, gate.acquire_sync, lambda ids: ids) == 1000
+    assert 0 < sessions_sharing_a_prefix(gate, gate.acquire_sync, lambda ids: ids) <= 300
     gate.close()
 
     gate = working_set_gate(engine)
-    assert rewriting_agent(gate, gate.acquire_sync, len) < 1000
+    assert sessions_sharing_a_prefix(gate, gate.acquire_sync, len) == 0
     gate.close()
 
 
