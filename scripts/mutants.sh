@@ -24,8 +24,8 @@ mutants=(
   "cold rule never lets anyone in@@admission.rs@@        if !self.holding {
             return Verdict::RunningColdPays;@@        if false {
             return Verdict::RunningColdPays;"
-  "park the most recently released@@admission.rs@@.find(@@\&s| Some(s) != keep)|.filter(|\&s| Some(s) != keep).last()"
-  "no ghosts@@mod.rs@@.map_or(0, |oldest@@ self.ghosts.own_freed_after(oldest))|.map_or(0, |_| 0)"
+  "park the most recently released@@admission.rs@@.find(|\&s| Some(s) != keep)@@.filter(|\&s| Some(s) != keep).last()"
+  "no ghosts@@mod.rs@@.map_or(0, |oldest| self.ghosts.own_freed_after(oldest))@@.map_or(0, |_| 0)"
   "no capacity from usage@@mod.rs@@                self.capacity.sample_usage(usage, held);@@                let _ = held;"
   "no shared prefix from usage@@mod.rs@@                self.raise_shared_prefix(shared);@@                let _ = shared;"
   "FIFO turned around@@queue.rs@@self.by_place.values().next().copied()@@self.by_place.values().next_back().copied()"
@@ -65,7 +65,10 @@ EOF
     survived=1
     continue
   fi
-  if cargo test -q --lib core::working_set >/dev/null 2>&1 &&
+  if ! cargo build -q --lib >/dev/null 2>&1; then
+    echo "BROKEN    $name (the mutant does not compile)"
+    survived=1
+  elif cargo test -q --lib core::working_set >/dev/null 2>&1 &&
      cargo test -q --test proptest_working_set >/dev/null 2>&1 &&
      cargo test -q --test working_set_core >/dev/null 2>&1; then
     echo "SURVIVED  $name"

@@ -877,3 +877,21 @@ fn parks_forced_by_the_wait_bound_are_paid_off_before_the_next() {
     assert_eq!((who, why), ("e", Verdict::WaitBound));
     assert!((paid_off..paid_off + S / 2 + 3).contains(&when), "{when}");
 }
+
+#[test]
+fn a_members_reserve_follows_its_own_growth() {
+    // a's prompts grow by 200 tokens a turn, b's by 20 (no output): each
+    // keeps its own growth free for its next turn, not the mean of both.
+    let mut ws = set();
+    let mut t = 0;
+    for turn in 0..4u64 {
+        for (key, growth) in [("a", 200), ("b", 20)] {
+            let prompt = 100 + growth * turn;
+            assert_ne!(ws.request(&key, prompt, t), Verdict::Wait);
+            ws.release(&key, prompt, report(0, 0), t, t + 10);
+        }
+        t += 20;
+    }
+    assert_eq!(ws.reserve_sum, 220);
+    ws.audit().unwrap();
+}
