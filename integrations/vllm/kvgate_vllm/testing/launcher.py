@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import Optional
+from typing import Optional, Sequence
 
 from . import models
 
@@ -22,25 +22,37 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, gate: bool, size: str = "tiny", num_blocks: int = 400, config: str = "", log_path: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        gate: bool,
+        size: str = "tiny",
+        num_blocks: int = 400,
+        config: str = "",
+        log_path: Optional[str] = None,
+        env: Optional[dict[str, str]] = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        """`env`: variables set for the server on top of this process's
+        (e.g. KVGATE_VLLM_REFUSE_NEW); `extra_args`: more `vllm serve` flags."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         model = models.make_model(size)
         self.model = str(model)
-        env = dict(os.environ)
-        env["KVGATE_VLLM_GATE"] = "1" if gate else "0"
-        env["KVGATE_VLLM_CONFIG"] = config
-        env.setdefault("VLLM_PLUGINS", "kvgate")
+        server_env = dict(os.environ)
+        server_env["KVGATE_VLLM_GATE"] = "1" if gate else "0"
+        server_env["KVGATE_VLLM_CONFIG"] = config
+        server_env.setdefault("VLLM_PLUGINS", "kvgate")
+        server_env.update(env or {})
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
             "--skip-tokenizer-init", "--enable-prefix-caching", "--block-size", "32",
             "--num-gpu-blocks-override", str(num_blocks), "--max-model-len", "8192",
             "--max-num-batched-tokens", "2048", "--max-num-seqs", "64",
-            "--gpu-memory-utilization", "0.3", "--enforce-eager",
+            "--gpu-memory-utilization", "0.3", "--enforce-eager", *extra_args,
         ]  # fmt: skip
         self.log = open(log_path or os.devnull, "wb")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, env=server_env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, patience_sec: float = 600.0) -> None:
         deadline = time.monotonic() + patience_sec
