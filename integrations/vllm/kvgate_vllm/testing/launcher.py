@@ -5,6 +5,7 @@ tests and benchmarks. Loopback only."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -52,7 +53,9 @@ class Server:
             "--gpu-memory-utilization", "0.3", "--enforce-eager", *extra_args,
         ]  # fmt: skip
         self.log = open(log_path or os.devnull, "wb")
-        self.proc = subprocess.Popen(cmd, env=server_env, stdout=self.log, stderr=subprocess.STDOUT)
+        # Its own process group: kill() takes the server and every process it
+        # started (engine core, resource tracker) down at once.
+        self.proc = subprocess.Popen(cmd, env=server_env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, patience_sec: float = 600.0) -> None:
         deadline = time.monotonic() + patience_sec
@@ -71,6 +74,15 @@ class Server:
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             return r.read().decode()
+
+    def kill(self) -> None:
+        """SIGKILL to the server's whole process group: a replica that dies
+        (the scale-out fault tests). stop() afterwards only closes the log."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
