@@ -3,10 +3,15 @@
 gate on every replica (one gate each): wall time, prefix-cache hit rate summed
 over the replicas' own /metrics, and where each replica's admissions went.
 
-    python integrations/vllm/bench/scale_out.py [--replicas 2] [--sessions 48] [--turns 10] [--blocks 400]
+    python integrations/vllm/bench/scale_out.py [--replicas 2] [--sessions 48] [--turns 10] [--blocks 400] \
+        [--config ''] [--config admission_mode=reference,high_watermark=0.2,idle_grace_sec=1,wait_poll_sec=1]
 
-The router comes from scripts/install-router.sh. Each session is an asyncio
-task (tool calls are sleeps), as in serve_sessions.py.
+Each --config is one gated row (KVGATE_VLLM_CONFIG; '' = the library's
+defaults); the ungated row comes first. Every row's replicas listen on the same
+ports, so the router's hash ring (it hashes the worker URLs) and with it every
+session's replica are the same in every row. The router comes from
+scripts/install-router.sh. Each session is an asyncio task (tool calls are
+sleeps), as in serve_sessions.py.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Optional
 import kvgate
 import openai
 
-from kvgate_vllm.testing.launcher import Server, metric
+from kvgate_vllm.testing.launcher import Server, free_port, metric
 from kvgate_vllm.testing.router import Router
 from kvgate_vllm.testing.workload import Workload
 
@@ -56,14 +61,16 @@ def counter(text: str, name: str, **labels: str) -> float:
         return 0.0
 
 
-def run(gate: bool, args: argparse.Namespace, w: Workload) -> str:
+def run(gate: bool, config: str, ports: list[int], args: argparse.Namespace, w: Workload) -> str:
     replicas: list[Server] = []
     router: Optional[Router] = None
-    tag = "on" if gate else "off"
+    tag = f"on-{config or 'defaults'}" if gate else "off"
     try:
         for i in range(args.replicas):
             log = f"{args.log_dir}/replica{i}-{tag}.log" if args.log_dir else None
-            replicas.append(Server(gate=gate, size=args.model, num_blocks=args.blocks, config=args.config if gate else "", log_path=log))
+            replicas.append(
+                Server(gate=gate, size=args.model, num_blocks=args.blocks, config=config, log_path=log, port=ports[i])
+            )
         for srv in replicas:
             srv.wait_ready()
         router = Router([srv.url for srv in replicas], log_path=f"{args.log_dir}/router-{tag}.log" if args.log_dir else None)
@@ -81,7 +88,7 @@ def run(gate: bool, args: argparse.Namespace, w: Workload) -> str:
                 reasons = {r.name.lower(): int(counter(a, "kvgate_admissions_total", reason=r.name.lower())) for r in kvgate.Reason}
                 parts.append(", ".join(f"{v} {k}" for k, v in reasons.items() if v))
             adm = " / ".join(parts)
-        label = f"gate on, one per replica ({args.config or 'defaults'})" if gate else "gate off"
+        label = f"gate on, one per replica ({config or 'defaults'})" if gate else "gate off"
         return f"| {label} | {wall:.1f} s | {100 * h / q:.1f}% | {' / '.join(map(str, turns))} | {adm} |"
     finally:
         if router is not None:
@@ -97,15 +104,19 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=48)
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--blocks", type=int, default=400, help="KV blocks of 32 tokens per replica")
-    ap.add_argument("--config", default="", help="KVGATE_VLLM_CONFIG for the gated replicas (library defaults if empty)")
+    ap.add_argument(
+        "--config", action="append", help="KVGATE_VLLM_CONFIG of one gated row ('' = library defaults; repeatable; default: one row of defaults)"
+    )
     ap.add_argument("--log-dir", default=None)
     args = ap.parse_args()
     w = Workload(sessions=args.sessions, turns=args.turns)
     print(f"{args.replicas} replicas x {args.blocks} blocks, {args.sessions} sessions x {args.turns} turns, vllm-router consistent_hash")
     print("| replicas | wall time | hit rate (sum of /metrics) | turns per replica | kvgate admissions per replica |")
     print("|---|---|---|---|---|")
-    for gate in (False, True):
-        print(run(gate, args, w), flush=True)
+    ports = [free_port() for _ in range(args.replicas)]
+    print(run(False, "", ports, args, w), flush=True)
+    for config in args.config or [""]:
+        print(run(True, config, ports, args, w), flush=True)
 
 
 if __name__ == "__main__":

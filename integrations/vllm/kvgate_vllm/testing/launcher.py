@@ -32,10 +32,12 @@ class Server:
         log_path: Optional[str] = None,
         env: Optional[dict[str, str]] = None,
         extra_args: Sequence[str] = (),
+        port: Optional[int] = None,
     ) -> None:
         """`env`: variables set for the server on top of this process's
-        (e.g. KVGATE_VLLM_REFUSE_NEW); `extra_args`: more `vllm serve` flags."""
-        self.port = free_port()
+        (e.g. KVGATE_VLLM_REFUSE_NEW); `extra_args`: more `vllm serve` flags;
+        `port`: a fixed port (default: a free one)."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         model = models.make_model(size)
         self.model = str(model)
