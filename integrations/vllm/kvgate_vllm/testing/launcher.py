@@ -5,7 +5,6 @@ tests and benchmarks. Loopback only."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -55,9 +54,7 @@ class Server:
             "--gpu-memory-utilization", "0.3", "--enforce-eager", *extra_args,
         ]  # fmt: skip
         self.log = open(log_path or os.devnull, "wb")
-        # Its own process group: kill() takes the server and every process it
-        # started (engine core, resource tracker) down at once.
-        self.proc = subprocess.Popen(cmd, env=server_env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, env=server_env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, patience_sec: float = 600.0) -> None:
         deadline = time.monotonic() + patience_sec
@@ -78,13 +75,24 @@ class Server:
             return r.read().decode()
 
     def kill(self) -> None:
-        """SIGKILL to the server's whole process group: a replica that dies
-        (the scale-out fault tests). stop() afterwards only closes the log."""
+        """SIGKILL to the server and every process under it (engine core,
+        workers, resource tracker): a replica that dies (the scale-out fault
+        tests). stop() afterwards only closes the log. (Not a process group of
+        its own: `vllm serve` started with start_new_session=True answered
+        /metrics seconds late while a request streamed.)"""
+        import psutil  # a vLLM dependency
+
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            victims = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            victims = []
+        for p in victims:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
         self.proc.wait()
+        psutil.wait_procs(victims, timeout=30)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
