@@ -6,7 +6,9 @@
 # integrations/vllm/tests with pytest on the real engine: the package in the
 # venv is this checkout's (modules, header, library; its drift check against
 # include/kvgate.h), the probes (tiny random Llama, LoRA, cache_salt, no side
-# effects) and `vllm serve` end to end (plugin on and off).
+# effects) and `vllm serve` end to end (plugin on and off), and two gated
+# replicas behind vLLM's router (scripts/install-router.sh installs it into its
+# own venv; KVGATE_ROUTER_VENV overrides where).
 #
 # The tests use the library the package bundles (the wheel's build hook copies
 # target/release/libkvgate.so); KVGATE_LIBRARY is left unset on purpose.
@@ -30,6 +32,9 @@ cargo build --release
 step "scripts/install-vllm.sh (engine, plugin, kvgate package)"
 ./scripts/install-vllm.sh
 unset KVGATE_LIBRARY
+
+step "scripts/install-router.sh (the scale-out tests' router)"
+./scripts/install-router.sh
 
 step "pytest integrations/vllm/tests (real engine)"
 report=$(mktemp)

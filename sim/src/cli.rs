@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use crate::policy::Policy;
 use crate::scenario::Scenario;
-use crate::simulation::{CapacityProbe, HostFinish, HostPrompt, HostReport};
+use crate::simulation::{CapacityProbe, HostFinish, HostPrompt, HostReport, Routing};
 use crate::variation::Variation;
 
 /// Parsed options.
@@ -37,6 +37,8 @@ pub struct Options {
     pub host_finish: Option<HostFinish>,
     /// Overrides what every scenario's host tells the gate of a turn's outcome.
     pub host_report: Option<HostReport>,
+    /// Overrides how every scenario's router places sessions.
+    pub routing: Option<Routing>,
     /// Runs each scenario under these variations instead of as written.
     pub vary: Option<Vec<Variation>>,
 }
@@ -53,7 +55,8 @@ USAGE:
     kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
     (either form also takes --profile NAME|PATH, --capacity-probe full|no-rate|usage-only,
      --host-prompt tokens|length, --host-finish told|untold,
-     --host-report cached|output-only and --vary LIST)
+     --host-report cached|output-only, --routing sticky|hash|least-loaded
+     and --vary LIST)
     kvgate-sim --fit-steps STEPS.csv|STEPS.json
 
 OPTIONS:
@@ -93,6 +96,11 @@ OPTIONS:
                    what the hosts tell the gate when a turn ends: cached (its cached
                    prompt tokens and its output tokens) or output-only (a proxy whose
                    engine does not return cached tokens) [default: the scenario's, cached]
+    --routing R    how the router in front of the replicas places sessions: sticky (a
+                   session's first turn to the replica with the fewest sessions, and it
+                   stays), hash (a hash of the session id: session affinity), or
+                   least-loaded (every turn anew: sessions migrate); each replica has
+                   its own gate [default: the scenario's, sticky]
     --vary L       run each scenario varied instead of as written: kv-half, kv-double
                    (its KV blocks), tools-x5, tools-x0.2 (its tool calls' durations),
                    out-x4 (its output tokens), sessions-x2, comma-separated, or all;
@@ -124,6 +132,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         host_prompt: None,
         host_finish: None,
         host_report: None,
+        routing: None,
         vary: None,
     };
     let mut args = args.into_iter();
@@ -162,6 +171,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             "--host-prompt" => o.host_prompt = Some(HostPrompt::parse(&value("--host-prompt")?)?),
             "--host-finish" => o.host_finish = Some(HostFinish::parse(&value("--host-finish")?)?),
             "--host-report" => o.host_report = Some(HostReport::parse(&value("--host-report")?)?),
+            "--routing" => o.routing = Some(Routing::parse(&value("--routing")?)?),
             "--vary" => o.vary = Some(Variation::parse_list(&value("--vary")?)?),
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
@@ -253,6 +263,9 @@ mod tests {
                 .capacity_probe
         );
         assert!(parse(args("--capacity-probe some")).is_err());
+        let o = parse(args("--routing least-loaded")).unwrap().unwrap();
+        assert_eq!(o.routing, Some(Routing::LeastLoaded));
+        assert!(parse(args("--routing round-robin")).is_err());
         let o = parse(args("--host-prompt length")).unwrap().unwrap();
         assert_eq!(o.host_prompt, Some(HostPrompt::Length));
         assert!(parse(args("--host-prompt ids")).is_err());

@@ -111,6 +111,9 @@ fn load(o: &Options, name: &str) -> Result<Scenario, String> {
     if let Some(report) = o.host_report {
         scenario.deployment.host_report = report;
     }
+    if let Some(routing) = o.routing {
+        scenario.deployment.routing = routing;
+    }
     Ok(scenario)
 }
 
@@ -147,6 +150,9 @@ fn run_judge(
     }
     if let Some(report) = o.host_report {
         println!("  every host's turn report: {report:?}");
+    }
+    if let Some(routing) = o.routing {
+        println!("  every router places sessions: {routing:?}");
     }
     for p in &policies {
         println!("  {:<32} {}", p.name, p.describe());

@@ -15,6 +15,8 @@ pub struct TurnRecord {
     pub session: usize,
     /// Turn index within the session.
     pub turn: usize,
+    /// The replica it ran on.
+    pub replica: usize,
     /// Whether it was the session's last turn.
     pub last: bool,
     /// When the client issued it (the tool returned), ns. For `cap-K`, a
@@ -409,6 +411,7 @@ mod tests {
         TurnRecord {
             session,
             turn: 0,
+            replica: 0,
             last: false,
             issued_ns: arrived * S,
             arrived_ns: arrived * S,

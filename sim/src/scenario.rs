@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::engine::{profile, EngineConfig, Profile, StepCost};
 use crate::policy::{Policy, PolicyEntry};
-use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt, HostReport};
+use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt, HostReport, Routing};
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
@@ -70,6 +70,9 @@ struct File {
     /// What the host tells the gate of each turn: `cached` or `output-only`.
     #[serde(default)]
     host_report: HostReport,
+    /// How the router places sessions: `sticky`, `hash` or `least-loaded`.
+    #[serde(default)]
+    routing: Routing,
     #[serde(default)]
     engine: EngineFile,
     workload: WorkloadConfig,
@@ -237,6 +240,7 @@ impl Scenario {
                 host_prompt: f.host_prompt,
                 host_finish: f.host_finish,
                 host_report: f.host_report,
+                routing: f.routing,
             },
             workload: f.workload,
             policies,

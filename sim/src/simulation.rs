@@ -19,7 +19,7 @@ use crate::metrics::{RunResult, TurnRecord};
 use crate::policy::gate::{Action, GateDriver, ProbeKind};
 use crate::policy::program::{EngineView, ProgramScheduler};
 use crate::policy::progress_ttl::ProgressTtl;
-use crate::policy::router::Router;
+use crate::policy::router::{self, Router};
 use crate::policy::thunderagent::ThunderAgent;
 use crate::policy::{Policy, PolicyKind, ProbeTarget};
 use crate::prefill_rate::StepRates;
@@ -46,6 +46,39 @@ pub struct Deployment {
     pub host_finish: HostFinish,
     /// What the host tells the gate of each turn's outcome.
     pub host_report: HostReport,
+    /// How the router in front places sessions on replicas.
+    pub routing: Routing,
+}
+
+/// How the router in front of the replicas places a session's turns
+/// (`policy::router`). Every replica has its own gate in working-set
+/// admission: a turn's gate is its replica's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Routing {
+    /// At its first turn, the replica with the fewest sessions; it stays.
+    #[default]
+    Sticky,
+    /// A hash of the session id (session affinity: a consistent hash of
+    /// `X-Session-ID`); it stays, whatever the load.
+    Hash,
+    /// Every turn to the replica with the fewest sessions: no affinity, a
+    /// session migrates whenever another replica has fewer.
+    LeastLoaded,
+}
+
+impl Routing {
+    /// Parses `sticky`, `hash` or `least-loaded`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "sticky" => Ok(Self::Sticky),
+            "hash" => Ok(Self::Hash),
+            "least-loaded" => Ok(Self::LeastLoaded),
+            other => Err(format!(
+                "routing `{other}`: expected sticky, hash or least-loaded"
+            )),
+        }
+    }
 }
 
 /// What a host tells the gate when a turn ends: an engine-side host (the
@@ -635,11 +668,23 @@ impl Sim<'_> {
     }
 
     fn route(&mut self, s: usize) {
-        if self.sessions[s].replica.is_none() {
-            let r = self.router.assign();
-            self.sessions[s].replica = Some(r);
-            self.sessions[s].router_slot = Some(r);
-        }
+        let st = &mut self.sessions[s];
+        let r = match self.deployment.routing {
+            Routing::Sticky | Routing::Hash if st.replica.is_some() => return,
+            Routing::Sticky => self.router.assign(),
+            Routing::Hash => self
+                .router
+                .assign_to(router::hash_replica(s, self.deployment.replicas)),
+            Routing::LeastLoaded => {
+                // Placed anew every turn: off its old replica's count first.
+                if let Some(old) = st.router_slot.take() {
+                    self.router.release(old);
+                }
+                self.router.assign()
+            }
+        };
+        st.replica = Some(r);
+        st.router_slot = Some(r);
     }
 
     /// Sends the session's current turn to its replica's waiting queue.
@@ -726,6 +771,7 @@ impl Sim<'_> {
         self.turns.push(TurnRecord {
             session: s,
             turn: st.turn,
+            replica: r,
             last,
             issued_ns: st.issued_ns,
             arrived_ns: st.arrived_ns,

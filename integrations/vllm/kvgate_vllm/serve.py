@@ -37,8 +37,20 @@ every OpenAI endpoint makes per request) and adds a small ASGI middleware:
   engine's `kvgate_capacity` (num_gpu_blocks x block_size), asked once per
   engine and cached (kvgate_vllm.feedback.capacity_of); a failed ask is asked
   again by the next probe.
+- Refusal mode (KVGATE_VLLM_REFUSE_NEW=1, off by default): the acquire makes
+  one pass (`timeout=0`) instead of waiting. A turn the gate admits at once
+  runs as always: every turn of a working-set member does (the table admits a
+  member's turn, `reserved_session`), and so does a newcomer that fits. A turn
+  that would wait ends with `kvgate.TimedOut` and is answered HTTP 429 Too Many
+  Requests with a Retry-After header (`retry_after_sec`), so a router or a
+  client can go elsewhere or come back later. The one-pass attempt that timed
+  out is withdrawn by the library: no lease, no attempt, and the session is not
+  left queued to join (it never waits, so the wait bound never admits it: the
+  client's retry does).
 - kvgate's Prometheus families (`kvgate_*`, label `engine`) are added to vLLM's
-  `/metrics` registry.
+  `/metrics` registry, with the plugin's own: `kvgate_working_set_free_tokens`
+  (capacity minus load, floored at 0: the room a new session can join) and
+  `kvgate_refused_total` (turns answered 429).
 - Knobs: KVGATE_VLLM_CONFIG="admission_mode=reference,high_watermark=0.2"
   (kvgate.Config fields; kvgate_vllm.knobs); unset knobs keep the library's
   defaults.
@@ -50,6 +62,7 @@ import asyncio
 import contextvars
 import hashlib
 import logging
+import math
 import os
 import time
 from typing import Any, AsyncGenerator, Optional
@@ -78,6 +91,12 @@ PROBE_TIMEOUT_SEC = 30.0
 CAPACITY_REFRESH_SEC = 5.0
 
 _headers: contextvars.ContextVar[Optional[dict[str, str]]] = contextvars.ContextVar("kvgate_headers", default=None)
+# Headers the generate wrapper adds to this request's response (Retry-After of
+# a refusal): a dict the middleware made for the request, filled in place (a
+# task started under the request's context shares the dict, not a copy).
+_response_headers: contextvars.ContextVar[Optional[dict[str, str]]] = contextvars.ContextVar(
+    "kvgate_response_headers", default=None
+)
 _installed = False
 
 
@@ -93,21 +112,32 @@ parse_config = knobs_mod.parse  # KVGATE_VLLM_CONFIG's syntax
 
 class HeaderMiddleware:
     """Pure ASGI middleware: keeps the request's headers in a context variable
-    (read by the generate wrapper, which runs in the same task)."""
+    (read by the generate wrapper, which runs in the same task), and adds to a
+    429 response the headers the wrapper left for it (Retry-After)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope.get("type") == "http":
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            token = _headers.set(headers)
-            try:
-                await self.app(scope, receive, send)
-            finally:
-                _headers.reset(token)
-        else:
+        if scope.get("type") != "http":
             await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        extra: dict[str, str] = {}
+
+        async def send_with_extra(message: dict) -> None:
+            if message.get("type") == "http.response.start" and extra and message.get("status") == 429:
+                added = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+                message = {**message, "headers": [*message.get("headers", []), *added]}
+            await send(message)
+
+        token = _headers.set(headers)
+        out_token = _response_headers.set(extra)
+        try:
+            await self.app(scope, receive, send_with_extra)
+        finally:
+            _response_headers.reset(out_token)
+            _headers.reset(token)
 
 
 def session_of(explicit: Optional[str]) -> tuple[Optional[str], bool]:
@@ -160,6 +190,9 @@ class Gates:
         # only improves, so it is asked again now and then (CAPACITY_REFRESH_SEC).
         self.capacities: dict[int, tuple[kvgate.Capacity, float]] = {}
         self._capacity_asks: dict[int, asyncio.Future] = {}
+        # Refusal mode (KVGATE_VLLM_REFUSE_NEW) and the turns refused per engine.
+        self.refuse_new = knobs_mod.refuse_new()
+        self.refused: dict[int, int] = {}
 
     @property
     def dp_size(self) -> int:
@@ -237,6 +270,34 @@ class Gates:
         gates = list(self.gates.items())
         return [(rank, g.metrics_text()) for rank, g in gates if not g.closed]
 
+    def saturation(self) -> list[tuple[int, int, int]]:
+        """(engine, free working-set tokens, turns refused) per live gate."""
+        out = []
+        for rank, g in list(self.gates.items()):
+            if not g.closed:
+                out.append((rank, free_tokens(g.stats()), self.refused.get(rank, 0)))
+        return out
+
+
+def free_tokens(stats: kvgate.Stats) -> int:
+    """The working set's free room, tokens: capacity minus load, floored at 0
+    (0 too while the capacity is unknown, before the first probe answers)."""
+    return max(0, stats.working_set_capacity_tokens - stats.working_set_tokens)
+
+
+def retry_after_sec(stats: kvgate.Stats) -> int:
+    """Retry-After of a refused turn, whole seconds, at least 1.
+
+    The gate's refill window (`window_ns`, here `working_set_window_sec`: the
+    engine's KV capacity over its prefill rate) is how long a member between
+    turns keeps its place: within one window every member now between turns
+    either came back (and is still a member) or left, freeing its room; it is
+    also the time the engine needs to turn its whole cache over. So one window
+    is the gate's own estimate of when room frees. Rounded up (Retry-After is
+    whole seconds, and a client back early would only be refused again), at
+    least 1 s (0 would invite a busy loop)."""
+    return max(1, math.ceil(stats.working_set_window_sec))
+
 
 def _retrieved(fut: asyncio.Future) -> None:
     if not fut.cancelled():
@@ -257,6 +318,10 @@ class Superseded(Exception):
     pass
 
 
+class Refused(Exception):
+    pass
+
+
 def _superseded_error(message: str) -> Exception:
     from http import HTTPStatus
 
@@ -266,6 +331,17 @@ def _superseded_error(message: str) -> Exception:
         return GracefulHTTPError(message, HTTPStatus.CONFLICT)
     except ImportError:  # older vLLM
         return Superseded(message)
+
+
+def _refused_error(message: str) -> Exception:
+    from http import HTTPStatus
+
+    try:
+        from vllm.exceptions import GracefulHTTPError
+
+        return GracefulHTTPError(message, HTTPStatus.TOO_MANY_REQUESTS)
+    except ImportError:  # older vLLM
+        return Refused(message)
 
 
 def _cache_key(prompt: Any, kwargs: dict[str, Any]) -> CacheKey:
@@ -292,10 +368,23 @@ def _wrap_generate(original: Any) -> Any:
         key = gates.keys[session] = _cache_key(prompt, kwargs)
         try:
             # In this task, in the server's loop: a cancelled task (client gone)
-            # cancels the attempt; no lease exists then.
-            lease = await gate.acquire(session, prompt_ids(prompt))
+            # cancels the attempt; no lease exists then. In refusal mode, one
+            # pass: a turn that would wait times out at once, and the library
+            # withdraws its attempt (nothing queued, nothing held).
+            lease = await gate.acquire(session, prompt_ids(prompt), timeout=0 if gates.refuse_new else None)
         except kvgate.Preempted as e:
             raise _superseded_error(f"kvgate: turn superseded by a newer request of session {sid!r}") from e
+        except kvgate.TimedOut as e:
+            if not gates.refuse_new:
+                raise
+            gates.refused[rank] = gates.refused.get(rank, 0) + 1
+            retry = retry_after_sec(gate.stats())
+            extra = _response_headers.get()
+            if extra is not None:
+                extra["retry-after"] = str(retry)
+            raise _refused_error(
+                f"kvgate: the working set is full; session {sid!r} is not a member (retry after {retry} s)"
+            ) from e
         finally:
             if gates.keys.get(session) is key:  # not a newer turn's key
                 del gates.keys[session]
@@ -321,6 +410,8 @@ class KvgateCollector:
     def collect(self) -> Any:
         from prometheus_client.parser import text_string_to_metric_families
 
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         if _gates is None:
             return
         merged: dict[str, Any] = {}
@@ -333,6 +424,19 @@ class KvgateCollector:
                 else:
                     target.samples.extend(samples)
         yield from merged.values()
+        free = GaugeMetricFamily(
+            "kvgate_working_set_free_tokens",
+            "Room left in the working set, tokens: capacity minus load, floored at 0 (0 while the capacity is unknown)",
+            labels=["engine"],
+        )
+        refused = CounterMetricFamily(
+            "kvgate_refused", "Turns answered HTTP 429 (KVGATE_VLLM_REFUSE_NEW=1)", labels=["engine"]
+        )
+        for rank, room, count in _gates.saturation():
+            free.add_metric([str(rank)], room)
+            refused.add_metric([str(rank)], count)
+        yield free
+        yield refused
 
 
 def install() -> None:
@@ -341,8 +445,10 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    # A bad KVGATE_VLLM_CONFIG fails at start-up, not at the first gated request.
+    # A bad KVGATE_VLLM_CONFIG or KVGATE_VLLM_REFUSE_NEW fails at start-up, not at
+    # the first gated request.
     knobs_mod.config(parse_config(os.environ.get("KVGATE_VLLM_CONFIG", "")))
+    refuse = knobs_mod.refuse_new()
     _installed = True
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -366,4 +472,7 @@ def install() -> None:
     from prometheus_client import REGISTRY
 
     REGISTRY.register(KvgateCollector())  # type: ignore[arg-type]
-    logger.info("kvgate: admission gate enabled for requests with a session id")
+    logger.info(
+        "kvgate: admission gate enabled for requests with a session id%s",
+        " (refusal mode: a turn that would wait gets HTTP 429)" if refuse else "",
+    )

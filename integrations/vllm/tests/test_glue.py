@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import math
 import pathlib
 import sys
 
@@ -60,6 +62,26 @@ def test_knobs_map_onto_the_package_config() -> None:
             knobs.config(serve.parse_config(bad))
     with pytest.raises(ValueError, match="not knob=value"):
         serve.parse_config("high_watermark")
+
+
+def test_the_refusal_knob_is_on_off_and_a_typo_fails() -> None:
+    assert knobs.refuse_new({}) is False
+    for on in ("1", "true", "Yes", " on "):
+        assert knobs.refuse_new({knobs.REFUSE_NEW_ENV: on}) is True
+    for off in ("", "0", "false", "NO", "off"):
+        assert knobs.refuse_new({knobs.REFUSE_NEW_ENV: off}) is False
+    with pytest.raises(ValueError, match="KVGATE_VLLM_REFUSE_NEW='429'"):
+        knobs.refuse_new({knobs.REFUSE_NEW_ENV: "429"})
+
+
+def test_retry_after_is_the_refill_window_rounded_up_to_whole_seconds() -> None:
+    with kvgate.Gate(knobs.config({})) as gate:
+        stats = gate.stats()
+    assert serve.retry_after_sec(stats) == max(1, math.ceil(stats.working_set_window_sec))
+    for window, want in ((0.0, 1), (0.2, 1), (1.0, 1), (1.01, 2), (7.5, 8)):  # never 0
+        assert serve.retry_after_sec(dataclasses.replace(stats, working_set_window_sec=window)) == want
+    assert serve.free_tokens(dataclasses.replace(stats, working_set_capacity_tokens=1000, working_set_tokens=300)) == 700
+    assert serve.free_tokens(dataclasses.replace(stats, working_set_capacity_tokens=1000, working_set_tokens=1300)) == 0
 
 
 def test_a_knob_the_library_refuses_is_refused_when_the_gate_is_made() -> None:

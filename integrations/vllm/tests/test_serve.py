@@ -222,3 +222,35 @@ def test_working_set_admission_learns_the_engines_capacity(default: Server) -> N
     assert by_reason["open"] == by_reason["resident_prefix"] == by_reason["prefix_probe_unavailable"] == 0, by_reason
     assert metric(text, "kvgate_active_leases") == 0
     assert metric(text, "kvgate_working_set_tokens") > 0  # the released turns' footprints, from their reports
+
+
+def test_the_working_set_gauges_move_with_members_and_waiters(default: Server) -> None:
+    # Without the refusal mode a newcomer that does not fit waits: the gauges
+    # show the member, the waiting session and the room left.
+    rng = random.Random(13)
+    cap = 400 * 32  # the launcher's engine
+    # The earlier tests' sessions leave the set when their windows end.
+    wait_for("the working set empties", lambda: metric(default.metrics(), "kvgate_working_set_sessions", engine="0") == 0)
+    assert metric(default.metrics(), "kvgate_working_set_free_tokens", engine="0") == cap
+    a = open_stream(default, random_prompt(rng, 7000), 1000, "agent-gauge-member")
+    resp = a.getresponse()
+    assert resp.status == 200
+    resp.fp.readline()  # the member runs
+    wait_for("the member holds a lease", lambda: metric(default.metrics(), "kvgate_active_leases") == 1)
+    text = default.metrics()
+    load = metric(text, "kvgate_working_set_tokens", engine="0")
+    assert metric(text, "kvgate_working_set_sessions", engine="0") == 1
+    assert metric(text, "kvgate_working_set_waiting_sessions", engine="0") == 0
+    assert load >= 7000
+    assert metric(text, "kvgate_working_set_free_tokens", engine="0") == max(0, cap - load) < 6000
+    b = open_stream(default, random_prompt(rng, 6000), 4, "agent-gauge-newcomer")
+    wait_for("the newcomer waits", lambda: metric(default.metrics(), "kvgate_working_set_waiting_sessions", engine="0") == 1)
+    text = default.metrics()
+    assert metric(text, "kvgate_waiting_attempts", engine="0") == 1
+    assert metric(text, "kvgate_working_set_sessions", engine="0") == 1
+    assert metric(text, "kvgate_refused_total", engine="0") == 0  # the refusal mode is off
+    b.close()  # the newcomer's client gives up: it leaves the queue
+    wait_for("nobody waits", lambda: metric(default.metrics(), "kvgate_working_set_waiting_sessions", engine="0") == 0)
+    a.close()
+    wait_for("no lease is left", lambda: metric(default.metrics(), "kvgate_active_leases") == 0)
+    assert metric(default.metrics(), "kvgate_waiting_attempts", engine="0") == 0

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import Optional
+from typing import Optional, Sequence
 
 from . import models
 
@@ -22,25 +22,39 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, gate: bool, size: str = "tiny", num_blocks: int = 400, config: str = "", log_path: Optional[str] = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        gate: bool,
+        size: str = "tiny",
+        num_blocks: int = 400,
+        config: str = "",
+        log_path: Optional[str] = None,
+        env: Optional[dict[str, str]] = None,
+        extra_args: Sequence[str] = (),
+        port: Optional[int] = None,
+    ) -> None:
+        """`env`: variables set for the server on top of this process's
+        (e.g. KVGATE_VLLM_REFUSE_NEW); `extra_args`: more `vllm serve` flags;
+        `port`: a fixed port (default: a free one)."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         model = models.make_model(size)
         self.model = str(model)
-        env = dict(os.environ)
-        env["KVGATE_VLLM_GATE"] = "1" if gate else "0"
-        env["KVGATE_VLLM_CONFIG"] = config
-        env.setdefault("VLLM_PLUGINS", "kvgate")
+        server_env = dict(os.environ)
+        server_env["KVGATE_VLLM_GATE"] = "1" if gate else "0"
+        server_env["KVGATE_VLLM_CONFIG"] = config
+        server_env.setdefault("VLLM_PLUGINS", "kvgate")
+        server_env.update(env or {})
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
             "--skip-tokenizer-init", "--enable-prefix-caching", "--block-size", "32",
             "--num-gpu-blocks-override", str(num_blocks), "--max-model-len", "8192",
             "--max-num-batched-tokens", "2048", "--max-num-seqs", "64",
-            "--gpu-memory-utilization", "0.3", "--enforce-eager",
+            "--gpu-memory-utilization", "0.3", "--enforce-eager", *extra_args,
         ]  # fmt: skip
         self.log = open(log_path or os.devnull, "wb")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, env=server_env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, patience_sec: float = 600.0) -> None:
         deadline = time.monotonic() + patience_sec
@@ -59,6 +73,26 @@ class Server:
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             return r.read().decode()
+
+    def kill(self) -> None:
+        """SIGKILL to the server and every process under it (engine core,
+        workers, resource tracker): a replica that dies (the scale-out fault
+        tests). stop() afterwards only closes the log. (Not a process group of
+        its own: `vllm serve` started with start_new_session=True answered
+        /metrics seconds late while a request streamed.)"""
+        import psutil  # a vLLM dependency
+
+        try:
+            victims = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            victims = []
+        for p in victims:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.proc.wait()
+        psutil.wait_procs(victims, timeout=30)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -1,0 +1,123 @@
+"""Scale-out: the agent workload through vLLM's router (consistent hash on
+`X-Session-ID`) over N `vllm serve` replicas, gate off on every replica and
+gate on every replica (one gate each): wall time, prefix-cache hit rate summed
+over the replicas' own /metrics, and where each replica's admissions went.
+
+    python integrations/vllm/bench/scale_out.py [--replicas 2] [--sessions 48] [--turns 10] [--blocks 400] \
+        [--config ''] [--config admission_mode=reference,high_watermark=0.2,idle_grace_sec=1,wait_poll_sec=1]
+
+Each --config is one gated row (KVGATE_VLLM_CONFIG; '' = the library's
+defaults); the ungated row comes first. Every row's replicas listen on the same
+ports, so the router's hash ring (it hashes the worker URLs) and with it every
+session's replica are the same in every row. The router comes from
+scripts/install-router.sh. Each session is an asyncio task (tool calls are
+sleeps), as in serve_sessions.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Optional
+
+import kvgate
+import openai
+
+from kvgate_vllm.testing.launcher import Server, free_port, metric
+from kvgate_vllm.testing.router import Router
+from kvgate_vllm.testing.workload import Workload
+
+
+async def run_sessions(url: str, model: str, w: Workload) -> float:
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600)
+
+    async def session(s: int) -> None:
+        script = w.session(s)
+        prompt = list(script.first_prompt)
+        for t in range(w.turns):
+            n = script.output_tokens()
+            headers = {"X-Session-ID": f"agent-{s}"}
+            if t + 1 == w.turns:
+                headers["X-Dynamo-Session-Final"] = "true"
+            out = await client.completions.create(
+                model=model, prompt=prompt, max_tokens=n, temperature=0.0, extra_headers=headers,
+                extra_body={"ignore_eos": True, "min_tokens": n, "return_token_ids": True},
+            )  # fmt: skip
+            if t + 1 < w.turns:
+                sec, result = script.tool_call()
+                await asyncio.sleep(sec)
+                prompt = prompt + list(out.choices[0].token_ids) + result
+
+    start = time.perf_counter()
+    await asyncio.gather(*(session(s) for s in range(w.sessions)))
+    return time.perf_counter() - start
+
+
+def counter(text: str, name: str, **labels: str) -> float:
+    try:
+        return metric(text, name, **labels)
+    except KeyError:
+        return 0.0
+
+
+def run(gate: bool, config: str, ports: list[int], args: argparse.Namespace, w: Workload) -> str:
+    replicas: list[Server] = []
+    router: Optional[Router] = None
+    tag = f"on-{config or 'defaults'}" if gate else "off"
+    try:
+        for i in range(args.replicas):
+            log = f"{args.log_dir}/replica{i}-{tag}.log" if args.log_dir else None
+            replicas.append(
+                Server(gate=gate, size=args.model, num_blocks=args.blocks, config=config, log_path=log, port=ports[i])
+            )
+        for srv in replicas:
+            srv.wait_ready()
+        router = Router([srv.url for srv in replicas], log_path=f"{args.log_dir}/router-{tag}.log" if args.log_dir else None)
+        router.wait_ready()
+        before = [srv.metrics() for srv in replicas]
+        wall = asyncio.run(run_sessions(router.url, replicas[0].model, w))
+        after = [srv.metrics() for srv in replicas]
+        q = sum(counter(a, "vllm:prefix_cache_queries_total") - counter(b, "vllm:prefix_cache_queries_total") for a, b in zip(after, before))
+        h = sum(counter(a, "vllm:prefix_cache_hits_total") - counter(b, "vllm:prefix_cache_hits_total") for a, b in zip(after, before))
+        turns = [int(counter(a, "vllm:request_success_total") - counter(b, "vllm:request_success_total")) for a, b in zip(after, before)]
+        adm = "—"
+        if gate:
+            parts = []
+            for a in after:
+                reasons = {r.name.lower(): int(counter(a, "kvgate_admissions_total", reason=r.name.lower())) for r in kvgate.Reason}
+                parts.append(", ".join(f"{v} {k}" for k, v in reasons.items() if v))
+            adm = " / ".join(parts)
+        label = f"gate on, one per replica ({config or 'defaults'})" if gate else "gate off"
+        return f"| {label} | {wall:.1f} s | {100 * h / q:.1f}% | {' / '.join(map(str, turns))} | {adm} |"
+    finally:
+        if router is not None:
+            router.stop()
+        for srv in replicas:
+            srv.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="tiny", choices=["tiny", "small"])
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--sessions", type=int, default=48)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--blocks", type=int, default=400, help="KV blocks of 32 tokens per replica")
+    ap.add_argument(
+        "--config", action="append", help="KVGATE_VLLM_CONFIG of one gated row ('' = library defaults; repeatable; default: one row of defaults)"
+    )
+    ap.add_argument("--log-dir", default=None)
+    args = ap.parse_args()
+    w = Workload(sessions=args.sessions, turns=args.turns)
+    print(f"{args.replicas} replicas x {args.blocks} blocks, {args.sessions} sessions x {args.turns} turns, vllm-router consistent_hash")
+    print("| replicas | wall time | hit rate (sum of /metrics) | turns per replica | kvgate admissions per replica |")
+    print("|---|---|---|---|---|")
+    ports = [free_port() for _ in range(args.replicas)]
+    print(run(False, "", ports, args, w), flush=True)
+    for config in args.config or [""]:
+        print(run(True, config, ports, args, w), flush=True)
+
+
+if __name__ == "__main__":
+    main()
