@@ -37,7 +37,6 @@ pub(crate) mod waiters;
 pub mod working_set;
 
 use std::fmt;
-use std::time::Duration;
 
 pub use attempt::{Admission, Attempt, LeaseToken, Step, StepError};
 pub use prompt::PromptSketch;
@@ -53,7 +52,7 @@ use ledger::{Grants, Ledger, SessionId};
 use policy::Policy;
 use reference::Thresholds;
 use sessions::{bump, Expiry, Reservation, SessionKey, SessionRecord, SessionTable};
-use stats::ShardCounters;
+use stats::{session_stats_of, ShardCounters};
 use timers::{TimerQueue, NEVER};
 pub(crate) use waiters::Slot;
 use waiters::{Waiters, CANCELLED, PREEMPTED};
@@ -775,33 +774,6 @@ fn count_wait(record: Option<&mut SessionRecord>, c: &ShardCounters, wait_ns: u6
     c.waits.add_locked(1);
     c.wait_ns.add_locked(wait_ns);
     c.longest_wait_ns.raise_locked(wait_ns);
-}
-
-/// A record's figures as reported at `now`.
-fn session_stats_of(r: &SessionRecord, now: u64) -> SessionStats {
-    let reservation = match r.reservation {
-        // Expired but not yet purged (purges are batched): already over.
-        Reservation::Grace { until, .. } if until <= now => ReservationState::None,
-        Reservation::None => ReservationState::None,
-        Reservation::InFlight { holders, .. } => ReservationState::InFlight { leases: holders },
-        Reservation::Grace { until, .. } => ReservationState::Grace {
-            remaining: Duration::from_nanos(until - now),
-        },
-    };
-    SessionStats {
-        num_preempted: r.counters.preempted.into(),
-        attempts: r.counters.attempts.into(),
-        admissions: r.counters.admissions.into(),
-        waits: r.counters.waits.into(),
-        wait_time: Duration::from_nanos(r.counters.wait_ns),
-        timed_out: r.counters.timed_out.into(),
-        cancelled: r.counters.cancelled.into(),
-        active_leases: r.active_leases,
-        attempt_pending: r.pending.is_some(),
-        reservation,
-        last_admitted_prompt_len: r.last_admitted_prompt_len as usize,
-        idle_for: Duration::from_nanos(now.saturating_sub(r.last_activity)),
-    }
 }
 
 #[cfg(test)]
