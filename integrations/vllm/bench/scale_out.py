@@ -18,40 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import time
 from typing import Optional
 
 import kvgate
-import openai
 
 from kvgate_vllm.testing.launcher import Server, free_port, metric
+from kvgate_vllm.testing.openai_sessions import run_sessions
 from kvgate_vllm.testing.router import Router
 from kvgate_vllm.testing.workload import Workload
-
-
-async def run_sessions(url: str, model: str, w: Workload) -> float:
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600)
-
-    async def session(s: int) -> None:
-        script = w.session(s)
-        prompt = list(script.first_prompt)
-        for t in range(w.turns):
-            n = script.output_tokens()
-            headers = {"X-Session-ID": f"agent-{s}"}
-            if t + 1 == w.turns:
-                headers["X-Dynamo-Session-Final"] = "true"
-            out = await client.completions.create(
-                model=model, prompt=prompt, max_tokens=n, temperature=0.0, extra_headers=headers,
-                extra_body={"ignore_eos": True, "min_tokens": n, "return_token_ids": True},
-            )  # fmt: skip
-            if t + 1 < w.turns:
-                sec, result = script.tool_call()
-                await asyncio.sleep(sec)
-                prompt = prompt + list(out.choices[0].token_ids) + result
-
-    start = time.perf_counter()
-    await asyncio.gather(*(session(s) for s in range(w.sessions)))
-    return time.perf_counter() - start
 
 
 def counter(text: str, name: str, **labels: str) -> float:

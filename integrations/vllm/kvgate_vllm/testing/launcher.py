@@ -21,6 +21,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_healthy(proc: subprocess.Popen, url: str, what: str, patience_sec: float) -> None:
+    """Polls `url`/health until it answers 200; raises if `proc` exits first
+    or `patience_sec` passes."""
+    deadline = time.monotonic() + patience_sec
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} (see its log)")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{what} did not become healthy")
+
+
 class Server:
     def __init__(
         self,
@@ -57,18 +74,7 @@ class Server:
         self.proc = subprocess.Popen(cmd, env=server_env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, patience_sec: float = 600.0) -> None:
-        deadline = time.monotonic() + patience_sec
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.proc.returncode} (see its log)")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("vllm serve did not become healthy")
+        wait_healthy(self.proc, self.url, "vllm serve", patience_sec)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:

@@ -14,11 +14,9 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
-import time
-import urllib.request
 from typing import Optional, Sequence
 
-from .launcher import free_port
+from .launcher import free_port, wait_healthy
 
 ROUTER_ENV = "KVGATE_ROUTER_VENV"
 
@@ -56,18 +54,7 @@ class Router:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, patience_sec: float = 300.0) -> None:
-        deadline = time.monotonic() + patience_sec
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm-router exited with {self.proc.returncode} (see its log)")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("vllm-router did not become healthy")
+        wait_healthy(self.proc, self.url, "vllm-router", patience_sec)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
