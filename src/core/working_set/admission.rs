@@ -59,11 +59,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// with a `prompt`-token prompt: its footprint, less the shared prefix
     /// already counted.
     pub(super) fn need(&self, s: Slot, prompt: u64) -> u64 {
-        let h = &self.sessions[s].history;
-        let footprint = self
-            .capacity
-            .blocks(prompt.saturating_add(self.means.output_of(h)));
-        h.own(footprint, self.shared.tokens)
+        self.own(s, self.footprint(s, prompt))
     }
 
     /// Whether `need` more tokens fit beside what is counted now (the

@@ -239,11 +239,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.queue.remove(w.at);
         // Its own ghost no longer counts: those blocks are its own again.
         self.ghosts.forget(&self.sessions[s].key);
-        let h = &self.sessions[s].history;
-        let footprint = self
-            .capacity
-            .blocks(w.prompt.saturating_add(self.means.output_of(h)));
-        let reserve = self.means.next_turn_growth(h);
+        let footprint = self.footprint(s, w.prompt);
+        let reserve = self.means.next_turn_growth(&self.sessions[s].history);
         self.own_sum += self.own(s, footprint);
         self.reserve_sum += reserve;
         self.stays += 1;
@@ -266,23 +263,29 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// outlive members' blocks. One that leaves between turns (not ended)
     /// is listed for a presumed end.
     pub(super) fn leave(&mut self, s: Slot, now: u64, why: Leaving) {
-        if let Some(m) = self.sessions[s].member().cloned() {
-            self.idle.remove(&mut self.sessions, s);
-            self.member_count -= 1;
-            let own = self.own(s, m.footprint);
-            self.own_sum -= own;
-            self.reserve_sum -= m.reserve;
+        if let Some((m, own)) = self.take_member(s) {
             let released = if m.in_flight > 0 { now } else { m.released_at };
             let key = self.sessions[s].key.clone();
             self.ghosts.insert(released, own, key);
-        }
-        if let Stage::Member(_) = self.sessions[s].stage {
-            self.sessions[s].stage = Stage::Away;
         }
         if let (Leaving::BetweenTurns, Some(since)) = (why, self.sessions[s].gap.since()) {
             self.silences.left(s, since);
         }
         self.ghosts.drop_freed_by(self.oldest_idle_release());
+    }
+
+    /// Takes the session at `s` out of the working set, if it is a member
+    /// (`Member` → `Away`): unlisted, uncounted. Returns the member and its
+    /// own tokens.
+    fn take_member(&mut self, s: Slot) -> Option<(Member, u64)> {
+        let m = self.sessions[s].member()?.clone();
+        self.idle.remove(&mut self.sessions, s);
+        self.member_count -= 1;
+        let own = self.own(s, m.footprint);
+        self.own_sum -= own;
+        self.reserve_sum -= m.reserve;
+        self.sessions[s].stage = Stage::Away;
+        Some((m, own))
     }
 
     /// The attempt of `key` is gone (timed out, cancelled, its gate closed):
@@ -298,13 +301,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 self.sessions[s].stage = Stage::Away;
             }
             Stage::Member(m) if m.grant.is_some() => {
-                // It never ran: nothing of it is cached beyond what was before.
-                let m = m.clone();
-                self.idle.remove(&mut self.sessions, s);
-                self.member_count -= 1;
-                self.own_sum -= self.own(s, m.footprint);
-                self.reserve_sum -= m.reserve;
-                self.sessions[s].stage = Stage::Away;
+                // It never ran: nothing of it is cached beyond what was
+                // before, so it leaves no ghost.
+                self.take_member(s);
                 self.ghosts.drop_freed_by(self.oldest_idle_release());
             }
             _ => {}

@@ -359,6 +359,13 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.sessions[s].history.own(footprint, self.shared.tokens)
     }
 
+    /// What a turn of the session at `s` with a `prompt`-token prompt keeps
+    /// cached: the prompt and its expected output, whole blocks.
+    fn footprint(&self, s: Slot, prompt: u64) -> u64 {
+        let output = self.means.output_of(&self.sessions[s].history);
+        self.capacity.blocks(prompt.saturating_add(output))
+    }
+
     /// Every member, with its slot (in no particular order).
     fn members(&self) -> impl Iterator<Item = (Slot, &Member)> {
         self.sessions

@@ -102,9 +102,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// prompt's, and members between turns are parked if that no longer fits.
     pub(super) fn member_request(&mut self, s: Slot, prompt: u64, now: u64) -> Verdict {
         self.idle.remove(&mut self.sessions, s);
-        let footprint = self
-            .capacity
-            .blocks(prompt.saturating_add(self.means.output_of(&self.sessions[s].history)));
+        let footprint = self.footprint(s, prompt);
         let shared = self.shared.tokens;
         let reserve = self.means.next_turn_growth(&self.sessions[s].history);
         let Session { stage, history, .. } = &mut self.sessions[s];
@@ -129,9 +127,12 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// to (0: none): a release names it, so a lease granted before the
     /// session was finished and began again cannot end the new stay's turn.
     pub fn membership(&self, key: &K) -> u64 {
-        self.slots
-            .get(key)
-            .and_then(|&s| self.sessions[s].member())
+        self.membership_at(self.slots.get(key).copied())
+    }
+
+    /// [`WorkingSet::membership`] of the session at `slot`, if it is known.
+    fn membership_at(&self, slot: Option<Slot>) -> u64 {
+        slot.and_then(|s| self.sessions[s].member())
             .map_or(0, |m| m.joined)
     }
 
@@ -164,7 +165,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         now: u64,
     ) {
         let slot = self.slots.get(key).copied();
-        if self.membership(key) != membership {
+        if self.membership_at(slot) != membership {
             self.end_windows(now);
             return;
         }
