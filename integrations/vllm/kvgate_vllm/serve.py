@@ -65,6 +65,7 @@ import logging
 import math
 import os
 import time
+from http import HTTPStatus
 from typing import Any, AsyncGenerator, Optional
 
 import kvgate
@@ -322,26 +323,23 @@ class Refused(Exception):
     pass
 
 
-def _superseded_error(message: str) -> Exception:
-    from http import HTTPStatus
-
+def _http_error(message: str, status: int, fallback: type[Exception]) -> Exception:
+    """The error that answers a gated request with HTTP `status`: vLLM's
+    GracefulHTTPError, or `fallback` on a vLLM too old to have it."""
     try:
         from vllm.exceptions import GracefulHTTPError
 
-        return GracefulHTTPError(message, HTTPStatus.CONFLICT)
+        return GracefulHTTPError(message, status)
     except ImportError:  # older vLLM
-        return Superseded(message)
+        return fallback(message)
+
+
+def _superseded_error(message: str) -> Exception:
+    return _http_error(message, HTTPStatus.CONFLICT, Superseded)
 
 
 def _refused_error(message: str) -> Exception:
-    from http import HTTPStatus
-
-    try:
-        from vllm.exceptions import GracefulHTTPError
-
-        return GracefulHTTPError(message, HTTPStatus.TOO_MANY_REQUESTS)
-    except ImportError:  # older vLLM
-        return Refused(message)
+    return _http_error(message, HTTPStatus.TOO_MANY_REQUESTS, Refused)
 
 
 def _cache_key(prompt: Any, kwargs: dict[str, Any]) -> CacheKey:
