@@ -103,7 +103,8 @@ proptest! {
 fn run(ops: Vec<Op>, tuning: Tuning) -> Result<(), TestCaseError> {
     let mut ws: WorkingSet<u8> = WorkingSet::new(tuning);
     let mut capacity = 2000u64;
-    ws.set_engine(EngineCapacity::new(capacity, 16, 2000.0));
+    ws.set_engine(EngineCapacity::new(capacity, 16, 2000.0))
+        .unwrap();
     let mut m = Model {
         doing: (0..5).map(|s| (s, Doing::Idle)).collect(),
         prompt: BTreeMap::new(),
@@ -186,7 +187,8 @@ fn run(ops: Vec<Op>, tuning: Tuning) -> Result<(), TestCaseError> {
             Op::Advance(ms) => now += u64::from(ms) * 1_000_000,
             Op::Capacity(c) => {
                 capacity = u64::from(c);
-                ws.set_engine(EngineCapacity::new(capacity, 16, 2000.0));
+                ws.set_engine(EngineCapacity::new(capacity, 16, 2000.0))
+                    .unwrap();
             }
         }
         // Whatever may enter now is handed over (and collected, as an attempt would).

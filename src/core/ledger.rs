@@ -12,7 +12,9 @@ use std::sync::Arc as StdArc;
 use super::attempt::Turn;
 use super::prompt::PromptSketch;
 use super::timers::NEVER;
-use super::working_set::{EngineCapacity, TurnReport, Verdict, WorkingSet, WorkingSetStats};
+use super::working_set::{
+    EngineCapacity, TierError, TurnReport, Verdict, WorkingSet, WorkingSetStats,
+};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
 /// A session as the ledger knows it: by its id's bytes (not by its record,
@@ -126,7 +128,8 @@ impl Ledger {
     ) -> (Verdict, u64, Grants) {
         let ((verdict, stay), grants) = self.change(now, |set| {
             if let Some(capacity) = engine.capacity {
-                set.set_engine(capacity);
+                // A refused answer is counted and changes nothing.
+                let _ = set.set_engine(capacity);
             }
             if let Some(usage) = engine.usage {
                 set.observe_usage(usage);
@@ -204,5 +207,15 @@ impl Ledger {
 
     pub(crate) fn stats(&self) -> WorkingSetStats {
         self.set.lock().stats()
+    }
+
+    /// Whether an engine answer is consistent with the earlier ones
+    /// (`WorkingSet::check_engine`).
+    pub(crate) fn check_engine(
+        &self,
+        engine: &EngineCapacity,
+        says_tier: bool,
+    ) -> Result<(), TierError> {
+        self.set.lock().check_engine(engine, says_tier)
     }
 }

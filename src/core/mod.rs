@@ -651,6 +651,19 @@ impl Core {
         }
     }
 
+    /// Whether an engine answer is consistent with the earlier ones: its
+    /// tier no smaller than the GPU cache and, when the answer `says_tier`
+    /// (it speaks of tiers and tells none), no tier lost. Always `Ok` in
+    /// reference mode, which reads no capacity.
+    pub fn check_engine_answer(
+        &self,
+        engine: &working_set::EngineCapacity,
+        says_tier: bool,
+    ) -> Result<(), working_set::TierError> {
+        self.working_set()
+            .map_or(Ok(()), |l| l.check_engine(engine, says_tier))
+    }
+
     /// The working set's figures, in working-set admission.
     pub fn working_set_stats(&self) -> Option<WorkingSetStats> {
         self.working_set().map(Ledger::stats)

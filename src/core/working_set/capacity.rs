@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use super::tuning::{USAGE_SAMPLES, USAGE_SAMPLE_FLOOR};
-use super::EngineCapacity;
+use super::{EngineCapacity, KvTier};
 
 /// The capacity in force and the refill window derived from it.
 #[derive(Debug)]
@@ -50,6 +50,9 @@ impl Capacity {
         }
         if engine.prefill_tokens_per_sec > 0.0 {
             self.engine.prefill_tokens_per_sec = engine.prefill_tokens_per_sec;
+        }
+        if engine.tier.is_some() {
+            self.engine.tier = engine.tier;
         }
         self.update_window();
     }
@@ -104,6 +107,11 @@ impl Capacity {
     /// The engine's capacity figure, tokens (0 while unknown).
     pub(super) fn engine_tokens(&self) -> u64 {
         self.engine.tokens
+    }
+
+    /// The engine's host tier, if it told one.
+    pub(super) fn tier(&self) -> Option<KvTier> {
+        self.engine.tier
     }
 
     /// Tokens per KV block (1 while unknown).

@@ -68,6 +68,7 @@ mod roster;
 mod rotation_budget;
 mod shared_prefix;
 mod silences;
+mod tier;
 mod tuning;
 mod turns;
 mod window;
@@ -90,6 +91,7 @@ use roster::{Ghosts, IdleList};
 use rotation_budget::RotationBudget;
 use shared_prefix::{InFlight, SharedPrefix};
 use silences::Silences;
+pub use tier::{KvTier, TierError};
 pub use tuning::Tuning;
 
 /// The map of sessions hashes with FxHash: its keys come hashed already
@@ -113,6 +115,9 @@ pub struct EngineCapacity {
     /// of its recent steps that were mostly prefill), tokens per second; 0
     /// when unknown.
     pub prefill_tokens_per_sec: f64,
+    /// The host tier behind the GPU cache, if the engine offloads KV
+    /// ([`EngineCapacity::with_tier`]); `None` says nothing of a tier.
+    pub tier: Option<KvTier>,
 }
 
 impl EngineCapacity {
@@ -127,6 +132,7 @@ impl EngineCapacity {
             tokens,
             block_tokens,
             prefill_tokens_per_sec: rate,
+            tier: None,
         }
     }
 }
@@ -140,6 +146,9 @@ pub struct TurnReport {
     pub cached_tokens: Option<u64>,
     /// Tokens the turn generated, if known.
     pub output_tokens: Option<u64>,
+    /// Of `cached_tokens`, those the engine copied back from its host
+    /// tier ([`TurnReport::with_tier_cached`]), if known.
+    pub tier_cached_tokens: Option<u64>,
 }
 
 impl TurnReport {
@@ -148,6 +157,7 @@ impl TurnReport {
         Self {
             cached_tokens,
             output_tokens,
+            tier_cached_tokens: None,
         }
     }
 }
@@ -195,6 +205,13 @@ pub struct WorkingSetStats {
     /// members: the turns a session runs in one refill window (1 while
     /// that is unknown).
     pub horizon_turns: u32,
+    /// The engine's host tier, tokens (0: none told).
+    pub tier_tokens: u64,
+    /// Engine answers and turn reports whose tier figures were refused
+    /// ([`TierError`]); each kept what was known before.
+    pub refused_answers: u64,
+    /// Cached tokens that turn reports said the host tier served, summed.
+    pub tier_cached_tokens: u64,
 }
 
 /// The working set of one engine.
@@ -228,6 +245,10 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     holding: bool,
     /// What parks forced by the wait bound may still cost.
     rotation_budget: RotationBudget,
+    /// Engine answers and turn reports refused ([`TierError`]).
+    refused_answers: u64,
+    /// Cached tokens the turn reports said came from the host tier.
+    tier_cached_tokens: u64,
 }
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
@@ -252,13 +273,39 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             parked: 0,
             holding: true,
             rotation_budget: RotationBudget::default(),
+            refused_answers: 0,
+            tier_cached_tokens: 0,
         }
     }
 
     /// Records the engine's answer to the capacity probe. A new capacity
-    /// replaces the estimate; figures reported as 0 keep what was known.
-    pub fn set_engine(&mut self, engine: EngineCapacity) {
+    /// replaces the estimate; figures reported as 0 keep what was known,
+    /// and so does an answer that says nothing of a tier. An answer
+    /// [`WorkingSet::check_engine`] refuses changes nothing.
+    pub fn set_engine(&mut self, engine: EngineCapacity) -> Result<(), TierError> {
+        if let Err(e) = self.check_engine(&engine, false) {
+            self.refused_answers += 1;
+            return Err(e);
+        }
         self.capacity.set_engine(engine);
+        Ok(())
+    }
+
+    /// Whether an engine answer is consistent with what was known: its
+    /// tier no smaller than the GPU cache, and, when it `says_tier`
+    /// (a host that speaks of tiers, telling none), no tier lost.
+    pub fn check_engine(&self, engine: &EngineCapacity, says_tier: bool) -> Result<(), TierError> {
+        tier::check_answer(
+            engine,
+            says_tier,
+            self.capacity.engine_tokens(),
+            self.capacity.tier(),
+        )
+    }
+
+    /// The engine's host tier, if it told one.
+    pub fn tier(&self) -> Option<KvTier> {
+        self.capacity.tier()
     }
 
     /// Records a usage answer (the fraction of KV blocks held by running
@@ -423,6 +470,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             parked: self.parked,
             holding: self.holding,
             horizon_turns: self.means.turns_in(self.window_ns()),
+            tier_tokens: self.capacity.tier().map_or(0, |t| t.tokens),
+            refused_answers: self.refused_answers,
+            tier_cached_tokens: self.tier_cached_tokens,
         }
     }
 }

@@ -9,7 +9,7 @@ const S: u64 = 1_000_000_000;
 /// 1000 tokens of KV in blocks of 1; refill window 1 s (1000 tokens/s).
 fn set() -> WorkingSet<&'static str> {
     let mut ws = WorkingSet::new(Tuning::default());
-    ws.set_engine(EngineCapacity::new(1000, 1, 1000.0));
+    ws.set_engine(EngineCapacity::new(1000, 1, 1000.0)).unwrap();
     ws
 }
 
@@ -200,7 +200,8 @@ fn a_waiter_asking_again_is_not_compared_with_itself() {
     // 10,000 tokens of KV; 2,000-token first prompts sharing their
     // first 300 (the sketches see 257), no cached tokens reported.
     let mut ws = WorkingSet::new(Tuning::default());
-    ws.set_engine(EngineCapacity::new(10_000, 1, 1000.0));
+    ws.set_engine(EngineCapacity::new(10_000, 1, 1000.0))
+        .unwrap();
     let prompt = |seed: u32| -> Vec<u32> {
         (0..300)
             .chain((0..1700).map(|i| 1_000_000 * (seed + 1) + i))
@@ -542,7 +543,7 @@ fn a_window_never_outlasts_the_refill_window_known_now() {
     // The engine says its capacity but not its prefill rate: the window
     // comes from what turns report.
     let mut ws = WorkingSet::new(Tuning::default());
-    ws.set_engine(EngineCapacity::new(1000, 1, 0.0));
+    ws.set_engine(EngineCapacity::new(1000, 1, 0.0)).unwrap();
     ws.request(&"a", 500, 0);
     // a's first turn queued in the engine behind a whole batch: 500
     // tokens in 100 s, a 200 s window when it was released.
@@ -713,7 +714,7 @@ fn without_the_engine_capacity_usage_answers_estimate_it() {
     assert_eq!(ws.capacity(), 1000.0);
     assert_eq!(ws.request(&3, 500, 1), Verdict::Wait);
     // The engine's own figure wins over the estimate.
-    ws.set_engine(EngineCapacity::new(5000, 1, 0.0));
+    ws.set_engine(EngineCapacity::new(5000, 1, 0.0)).unwrap();
     ws.observe_usage(0.01);
     assert_eq!(ws.capacity(), 5000.0);
 }

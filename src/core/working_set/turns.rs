@@ -242,6 +242,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if let Some(out) = report.output_tokens {
             self.means.output_was(out);
         }
+        match report.checked_tier_cached() {
+            Some(t) => self.tier_cached_tokens += t,
+            None if report.tier_cached_tokens.is_some() => self.refused_answers += 1,
+            None => {}
+        }
         let Some(cached) = report.cached_tokens else {
             // What a first prompt's sketch shared stands for its cached tokens.
             if let Some(h) = s.map(|s| &mut self.sessions[s].history) {
