@@ -51,8 +51,8 @@ pub const USAGE: &str = "\
 kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and without kvgate
 
 USAGE:
-    kvgate-sim [--scenario NAME|PATH|all] [--seed N] [--out DIR] [--policies LIST] [--full] [--sweep]
-    kvgate-sim --judge [--scenario NAME|PATH|all] [--seeds 1-5] [--policies LIST] [--out DIR]
+    kvgate-sim [--scenario NAME|PATH|all|tiered] [--seed N] [--out DIR] [--policies LIST] [--full] [--sweep]
+    kvgate-sim --judge [--scenario NAME|PATH|all|tiered] [--seeds 1-5] [--policies LIST] [--out DIR]
     (either form also takes --profile NAME|PATH, --capacity-probe full|no-rate|usage-only,
      --host-prompt tokens|length, --host-finish told|untold,
      --host-report cached|output-only, --routing sticky|hash|least-loaded
@@ -61,8 +61,10 @@ USAGE:
 
 OPTIONS:
     --scenario S   built-in scenario (thrash, no-pressure, retry-storm, long-tools,
-                   multi-replica, ...: see sim/scenarios/), a scenario TOML file, or
-                   `all` [default: thrash]
+                   multi-replica, ...: see sim/scenarios/), a scenario TOML file,
+                   `all` (every engine without a host tier), or `tiered` (the
+                   engines that offload KV to host memory: h200-tier,
+                   h200-tier-outgrown, mid-tools-tier) [default: thrash]
     --seed N       workload seed [default: the scenario's]
     --out DIR      output root; files go to DIR/<scenario>/ [default: target/kvgate-sim]
     --policies L   comma-separated policies: names from the scenario, or specs such as

@@ -227,6 +227,31 @@ fn verdict(scenario: &str, policy: String, seeds: Vec<SeedResult>) -> Verdict {
     }
 }
 
+/// `policy`'s makespan over the best of `rivals` (policy names) and the
+/// best cap on each seed: the geometric mean over the seeds and the worst
+/// seed's. `None` if the policy or a rival did not run.
+pub fn over_best_rival(verdicts: &[Verdict], policy: &str, rivals: &[&str]) -> Option<(f64, f64)> {
+    let mine = verdicts.iter().find(|v| v.policy == policy)?;
+    let rows: Vec<&Verdict> = rivals
+        .iter()
+        .map(|r| verdicts.iter().find(|v| v.policy == *r))
+        .collect::<Option<_>>()?;
+    let ratios: Vec<f64> = mine
+        .seeds
+        .iter()
+        .map(|m| {
+            let best = rows
+                .iter()
+                .filter_map(|v| v.seeds.iter().find(|s| s.seed == m.seed))
+                .map(|s| s.summary.makespan_s)
+                .fold(m.cap_best_makespan_s, f64::min);
+            m.summary.makespan_s / best
+        })
+        .collect();
+    let worst = ratios.iter().copied().fold(0.0, f64::max);
+    Some((geomean(ratios.into_iter()), worst))
+}
+
 /// The printed table of one scenario's verdicts.
 pub fn table(verdicts: &[Verdict]) -> String {
     let header = [

@@ -9,7 +9,7 @@ use std::time::Instant;
 use kvgate_sim::cli::{self, Options, USAGE};
 use kvgate_sim::engine::Profile;
 use kvgate_sim::policy::Policy;
-use kvgate_sim::scenario::{Scenario, BUILT_IN};
+use kvgate_sim::scenario::{Scenario, BUILT_IN, TIERED};
 use kvgate_sim::workload::Workload;
 use kvgate_sim::{bound, compare, fit, judge, plots, report, sweep, variation};
 
@@ -43,6 +43,8 @@ fn run(o: &Options) -> Result<(), String> {
     }
     let names: Vec<String> = if o.scenario == "all" {
         BUILT_IN.iter().map(|(n, _)| n.to_string()).collect()
+    } else if o.scenario == "tiered" {
+        TIERED.iter().map(|(n, _)| n.to_string()).collect()
     } else {
         vec![o.scenario.clone()]
     };
@@ -182,6 +184,12 @@ fn run_judge(
             ks.join(" ")
         );
         print!("{}", judge::table(&rows));
+        let rivals = ["none", "thunderagent"];
+        if let Some((geo, worst)) = judge::over_best_rival(&rows, "kvgate", &rivals) {
+            println!(
+                "kvgate over the best of no gate, ThunderAgent and the best cap, per seed: {geo:.3} (geo), worst {worst:.3}"
+            );
+        }
     }
     println!("\nx cap-best: makespan over the seed's hindsight-best fixed cap (geometric mean over seeds; below 1 beats it); worst: the worst seed's ratio");
     println!("hit pts: mean hit rate minus cap-best's; p99 turn: mean over seeds, client view (policy wait included); max wait: longest single wait at the policy, any seed; x bound: makespan over the lower bound");

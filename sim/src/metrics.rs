@@ -32,8 +32,11 @@ pub struct TurnRecord {
     pub completed_ns: u64,
     /// Prompt tokens.
     pub prompt_len: usize,
-    /// Prompt tokens found in the prefix cache at first scheduling.
+    /// Prompt tokens found in the prefix cache at first scheduling (GPU
+    /// and host tier).
     pub hit_tokens: usize,
+    /// Of those, tokens copied back from the host tier.
+    pub tier_hit_tokens: usize,
     /// Tokens prefilled, recomputation included.
     pub prefilled: usize,
     /// Of those, tokens the session had computed before.
@@ -109,8 +112,14 @@ pub struct Summary {
     pub gen_tok_per_s: f64,
     /// Prompt tokens prefilled (recompute included).
     pub prefilled_tokens: u64,
-    /// Prefilled tokens the session had computed before.
+    /// Prefilled tokens the session had computed before: with a host tier,
+    /// its misses.
     pub re_prefilled_tokens: u64,
+    /// Of the hit rate, the share of prompt tokens copied back from the
+    /// host tier (0 without one).
+    pub tier_hit_rate: f64,
+    /// Tokens copied back from the host tier, resumed requests included.
+    pub reloaded_tokens: u64,
     /// Engine preemptions by recompute.
     pub engine_preemptions: u64,
     /// Turns that waited at the policy (gate sleeps, or sessions waiting for a cap slot).
@@ -245,6 +254,8 @@ impl RunResult {
             },
             prefilled_tokens: self.engine.prefill_tokens,
             re_prefilled_tokens: self.engine.re_prefilled_tokens,
+            tier_hit_rate: ratio(self.engine.tier_hit_tokens, self.engine.query_tokens),
+            reloaded_tokens: self.engine.reloaded_tokens,
             engine_preemptions: self.engine.preemptions,
             waits,
             wait_s,
@@ -392,6 +403,10 @@ impl EngineStats {
         self.hit_tokens += o.hit_tokens;
         self.resumed_query_tokens += o.resumed_query_tokens;
         self.resumed_hit_tokens += o.resumed_hit_tokens;
+        self.tier_hit_tokens += o.tier_hit_tokens;
+        self.reloaded_tokens += o.reloaded_tokens;
+        self.reload_ns += o.reload_ns;
+        self.tier_evictions += o.tier_evictions;
         self.pins += o.pins;
         self.pins_used += o.pins_used;
         self.pins_expired += o.pins_expired;
@@ -420,6 +435,7 @@ mod tests {
             completed_ns: completed * S,
             prompt_len: 1,
             hit_tokens: 0,
+            tier_hit_tokens: 0,
             prefilled: 1,
             re_prefilled: 0,
             output_len: 1,

@@ -19,7 +19,8 @@ preempt: engine preemptions; waits/wait s: turns that waited at the policy (gate
 retries: turns re-issued by impatient clients; att.pre: gate attempts preempted by a newer attempt of their session
 probes/adm: gate probe calls per admission; late/early: mean latency of each session's last 3 turns over its first 3
 idle+w: share of the makespan with no turn on any engine while some turn waited at the policy
-last's wait: total wait at the policy of the session that finished last (what the policy added to the makespan's own session)";
+last's wait: total wait at the policy of the session that finished last (what the policy added to the makespan's own session)
+with a host tier: tier%: of hit%, the share copied back from the tier; reload: Mtokens copied back (re-prefill is then the tier's misses)";
 
 /// The comparison table, one row per policy.
 pub fn table(rows: &[Summary]) -> String {
@@ -46,10 +47,15 @@ pub fn table(rows: &[Summary]) -> String {
         "idle+w",
         "last's wait",
     ];
+    let tiered = rows.iter().any(|r| r.reloaded_tokens > 0);
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    if tiered {
+        cells[0].insert(3, "tier%".into());
+        cells[0].insert(10, "reload".into());
+    }
     for r in rows {
         let dnf = if r.finished { "" } else { " (unfinished)" };
-        cells.push(vec![
+        let mut row = vec![
             format!("{}{dnf}", r.policy),
             format!("{:.1}", r.hit_rate * 100.0),
             format!("{:.1}", r.hit_rate_last_third * 100.0),
@@ -75,7 +81,12 @@ pub fn table(rows: &[Summary]) -> String {
             format!("{:.2}", r.late_turn_slowdown),
             format!("{:.1}%", r.idle_with_waiters * 100.0),
             format!("{:.1} s", r.last_session_wait_s),
-        ]);
+        ];
+        if tiered {
+            row.insert(3, format!("{:.1}", r.tier_hit_rate * 100.0));
+            row.insert(10, format!("{:.2}", r.reloaded_tokens as f64 / 1e6));
+        }
+        cells.push(row);
     }
     align(&cells)
 }
@@ -245,7 +256,7 @@ pub fn write_files(
 ) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut csv = String::from(
-        "policy,finished,hit_rate,hit_rate_last_third,makespan_s,gen_tok_per_s,prefilled_tokens,re_prefilled_tokens,engine_preemptions,waits,wait_s,attempts_preempted,reissues,probes_per_admission,mean_turn_latency_s,early_turn_latency_s,late_turn_latency_s,late_turn_slowdown,p50_turn_latency_s,p99_turn_latency_s,max_wait_s,makespan_over_bound,bound_s,min_prefill_tokens,idle_with_waiters,last_session_wait_s",
+        "policy,finished,hit_rate,hit_rate_last_third,makespan_s,gen_tok_per_s,prefilled_tokens,re_prefilled_tokens,engine_preemptions,waits,wait_s,attempts_preempted,reissues,probes_per_admission,mean_turn_latency_s,early_turn_latency_s,late_turn_latency_s,late_turn_slowdown,p50_turn_latency_s,p99_turn_latency_s,max_wait_s,makespan_over_bound,bound_s,min_prefill_tokens,idle_with_waiters,last_session_wait_s,tier_hit_rate,reloaded_tokens",
     );
     for name in reason_names() {
         let _ = write!(csv, ",admitted_{name}");
@@ -254,7 +265,7 @@ pub fn write_files(
     for r in rows {
         let _ = write!(
             csv,
-            "{},{},{:.6},{:.6},{:.3},{:.1},{},{},{},{},{:.3},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3},{:.4},{:.3},{},{:.4},{:.3}",
+            "{},{},{:.6},{:.6},{:.3},{:.1},{},{},{},{},{:.3},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3},{:.4},{:.3},{},{:.4},{:.3},{:.6},{}",
             r.policy,
             r.finished,
             r.hit_rate,
@@ -280,7 +291,9 @@ pub fn write_files(
             r.bound_s,
             r.min_prefill_tokens,
             r.idle_with_waiters,
-            r.last_session_wait_s
+            r.last_session_wait_s,
+            r.tier_hit_rate,
+            r.reloaded_tokens
         );
         for n in r.admissions_by_reason {
             let _ = write!(csv, ",{n}");

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::engine::{profile, EngineConfig, Profile, StepCost};
+use crate::engine::{profile, EngineConfig, Profile, StepCost, TierConfig};
 use crate::policy::{Policy, PolicyEntry};
 use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt, HostReport, Routing};
 use crate::workload::{secs_to_ns, WorkloadConfig};
@@ -41,6 +41,21 @@ pub const BUILT_IN: [(&str, &str); 20] = [
     ("elide", include_str!("../scenarios/elide.toml")),
     ("reasoning", include_str!("../scenarios/reasoning.toml")),
     ("single-turn", include_str!("../scenarios/single-turn.toml")),
+];
+
+/// Scenarios whose engines offload KV to a host tier (`--scenario
+/// tiered`): kept apart from [`BUILT_IN`], whose figures are the judge's
+/// record for engines without one.
+pub const TIERED: [(&str, &str); 3] = [
+    ("h200-tier", include_str!("../scenarios/h200-tier.toml")),
+    (
+        "h200-tier-outgrown",
+        include_str!("../scenarios/h200-tier-outgrown.toml"),
+    ),
+    (
+        "mid-tools-tier",
+        include_str!("../scenarios/mid-tools-tier.toml"),
+    ),
 ];
 
 /// The scenario run when none is named.
@@ -97,6 +112,12 @@ struct EngineFile {
     beta2_us: Option<f64>,
     beta3_us: Option<f64>,
     beta4_us: Option<f64>,
+    /// Tokens of KV the host tier holds (0: no tier).
+    host_tier_tokens: usize,
+    /// Host-to-GPU copy bandwidth, GB/s (pinned memory on an H200: 55.5).
+    reload_gb_per_s: f64,
+    /// KV bytes per token of the model (Llama-3.1-8B, bf16: 131,072).
+    kv_bytes_per_token: f64,
 }
 
 impl Default for EngineFile {
@@ -114,6 +135,9 @@ impl Default for EngineFile {
             beta2_us: None,
             beta3_us: None,
             beta4_us: None,
+            host_tier_tokens: 0,
+            reload_gb_per_s: DEFAULT_RELOAD_GB_PER_S,
+            kv_bytes_per_token: DEFAULT_KV_BYTES_PER_TOKEN,
         }
     }
 }
@@ -163,11 +187,24 @@ impl EngineFile {
                 max_num_seqs: self.max_num_seqs,
                 long_prefill_token_threshold: self.long_prefill_token_threshold,
                 cost,
+                tier: (self.host_tier_tokens > 0).then(|| {
+                    TierConfig::from_bandwidth(
+                        self.host_tier_tokens,
+                        self.block_size,
+                        self.reload_gb_per_s,
+                        self.kv_bytes_per_token,
+                    )
+                }),
             },
             source,
         ))
     }
 }
+
+/// Host-to-device copy rate of pinned memory measured on an H200, GB/s.
+pub const DEFAULT_RELOAD_GB_PER_S: f64 = 55.5;
+/// KV bytes per token of Llama-3.1-8B in bf16 (2 · 32 layers · 8 KV heads · 128 · 2 B).
+pub const DEFAULT_KV_BYTES_PER_TOKEN: f64 = 131_072.0;
 
 fn one() -> usize {
     1
@@ -257,7 +294,11 @@ impl Scenario {
 
     /// A built-in scenario by name, or a scenario file by path.
     pub fn load(name_or_path: &str) -> Result<Self, String> {
-        if let Some((_, text)) = BUILT_IN.iter().find(|(n, _)| *n == name_or_path) {
+        if let Some((_, text)) = BUILT_IN
+            .iter()
+            .chain(TIERED.iter())
+            .find(|(n, _)| *n == name_or_path)
+        {
             return Self::parse(text).map_err(|e| format!("built-in scenario {name_or_path}: {e}"));
         }
         let path = Path::new(name_or_path);
@@ -266,7 +307,11 @@ impl Scenario {
                 std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
             return Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()));
         }
-        let names: Vec<_> = BUILT_IN.iter().map(|(n, _)| *n).collect();
+        let names: Vec<_> = BUILT_IN
+            .iter()
+            .chain(TIERED.iter())
+            .map(|(n, _)| *n)
+            .collect();
         Err(format!(
             "no scenario `{name_or_path}`: give a file path or one of {}",
             names.join(", ")
@@ -338,6 +383,48 @@ mod tests {
             "profile = \"h100-llama8b\"\n",
             "beta0_ms = 5.75\nbeta1_us = 17.25\nbeta2_us = 6.0\nbeta3_us = 0.04\n",
         )
+    }
+
+    #[test]
+    fn tiered_scenarios_have_a_tier_and_the_others_none() {
+        for (name, text) in TIERED {
+            let s = Scenario::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(s.name, name);
+            let e = s.deployment.engine;
+            let tier = e.tier.unwrap_or_else(|| panic!("{name} has no tier"));
+            assert!(e.tier_tokens() >= 2 * e.capacity_tokens(), "{name}");
+            // 55.5 GB/s at 128 KiB a token.
+            assert!(
+                (tier.reload_tokens_per_sec - 423_431.0).abs() < 1.0,
+                "{name}"
+            );
+        }
+        for (name, text) in BUILT_IN {
+            assert!(
+                Scenario::parse(text)
+                    .unwrap()
+                    .deployment
+                    .engine
+                    .tier
+                    .is_none(),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_tier_smaller_than_the_cache_or_without_bandwidth_is_refused() {
+        let base = TIERED[0].1;
+        let small = base.replace("host_tier_tokens = 2550000", "host_tier_tokens = 800000");
+        assert!(Scenario::parse(&small)
+            .unwrap_err()
+            .contains("smaller than the GPU cache"));
+        let stalled = base.replace("reload_gb_per_s = 55.5", "reload_gb_per_s = 0");
+        assert!(Scenario::parse(&stalled)
+            .unwrap_err()
+            .contains("reload rate"));
+        let free = base.replace("kv_bytes_per_token = 131072", "kv_bytes_per_token = 0");
+        assert!(Scenario::parse(&free).unwrap_err().contains("reload rate"));
     }
 
     #[test]

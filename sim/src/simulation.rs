@@ -25,7 +25,7 @@ use crate::policy::{Policy, PolicyKind, ProbeTarget};
 use crate::prefill_rate::StepRates;
 use crate::workload::{Start, Workload};
 use kvgate::core::LeaseToken;
-use kvgate::{EngineCapacity, TurnReport};
+use kvgate::{EngineCapacity, KvTier, TurnReport};
 
 /// Where the engines run and how far the probes travel.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -249,7 +249,8 @@ struct SessionState {
     arrived_ns: u64,
     /// When the current turn last went to the engine.
     submitted_ns: u64,
-    first_scheduled: Option<(u64, usize)>,
+    /// When the engine first scheduled the live turn, its hits and tier hits.
+    first_scheduled: Option<(u64, usize, usize)>,
 }
 
 struct Sim<'a> {
@@ -314,7 +315,9 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         }
         _ => None,
     };
-    let capacity = deployment.engine.num_gpu_blocks * deployment.engine.block_size;
+    // ThunderAgent budgets GPU plus host memory where the engine offloads.
+    let capacity = deployment.engine.num_gpu_blocks * deployment.engine.block_size
+        + deployment.engine.tier_tokens();
     let program: Option<Box<dyn ProgramScheduler>> = match &policy.kind {
         PolicyKind::ThunderAgent(c) => Some(Box::new(ThunderAgent::new(
             *c,
@@ -566,10 +569,21 @@ impl Sim<'_> {
                 self.prefill_rates[replica].median(),
             );
             // 0 is what the probe answers for a figure it cannot tell.
-            match self.deployment.capacity_probe {
+            let answer = match self.deployment.capacity_probe {
                 CapacityProbe::Full => EngineCapacity::new(tokens, block, rate),
                 CapacityProbe::NoRate => EngineCapacity::new(tokens, block, 0.0),
-                CapacityProbe::UsageOnly => EngineCapacity::new(0, 0, 0.0),
+                CapacityProbe::UsageOnly => return EngineCapacity::new(0, 0, 0.0),
+            };
+            // An engine that offloads tells its tier (the vLLM plugin reads
+            // it from the offloading configuration).
+            match e.tier {
+                Some(t) => answer
+                    .with_tier(
+                        KvTier::new(e.tier_tokens() as u64, t.reload_tokens_per_sec)
+                            .expect("a validated tier"),
+                    )
+                    .expect("a validated tier is no smaller than the cache"),
+                None => answer,
             }
         });
         let value = match kind {
@@ -730,7 +744,8 @@ impl Sim<'_> {
             return; // nothing fits; a free, an expiry or an arrival kicks again
         };
         for f in &plan.first_scheduled {
-            self.sessions[f.session].first_scheduled = Some((self.now, f.hit_tokens));
+            self.sessions[f.session].first_scheduled =
+                Some((self.now, f.hit_tokens, f.tier_hit_tokens));
         }
         // What an engine can measure of its own prefill rate: the median
         // throughput of its recent steps that were mostly prefill (a quarter
@@ -767,7 +782,7 @@ impl Sim<'_> {
         );
         let turn = session.turns[st.turn];
         let last = st.turn + 1 == session.turns.len();
-        let (first_ns, hit) = st.first_scheduled.expect("scheduled before finishing");
+        let (first_ns, hit, tier_hit) = st.first_scheduled.expect("scheduled before finishing");
         self.turns.push(TurnRecord {
             session: s,
             turn: st.turn,
@@ -780,6 +795,7 @@ impl Sim<'_> {
             completed_ns: self.now,
             prompt_len: turn.prompt_len,
             hit_tokens: hit,
+            tier_hit_tokens: tier_hit,
             prefilled: f.prefilled,
             re_prefilled: f.re_prefilled,
             output_len: turn.output_len,
@@ -803,7 +819,12 @@ impl Sim<'_> {
                 HostReport::Cached => Some(hit as u64),
                 HostReport::OutputOnly => None,
             };
-            let report = TurnReport::new(cached, Some(turn.output_len as u64));
+            let mut report = TurnReport::new(cached, Some(turn.output_len as u64));
+            if cached.is_some() && self.deployment.engine.tier.is_some() {
+                report = report
+                    .with_tier_cached(tier_hit as u64)
+                    .expect("tier hits are part of the hits");
+            }
             gate.release(token, report, self.now);
         }
         if let Some(program) = self.program.as_mut() {

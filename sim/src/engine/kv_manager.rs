@@ -103,8 +103,9 @@ impl KvCacheManager {
     /// `num_computed` tokens computed so far plus the prefix hits `hits`
     /// (only non-empty when the request is scheduled from waiting).
     /// `hashes` covers the request's full blocks; `num_tokens` is its known
-    /// length (prompt + outputs so far). Returns `false`, changing nothing,
-    /// if the free queue is short.
+    /// length (prompt + outputs so far). Returns `None`, changing nothing,
+    /// if the free queue is short, else the blocks (by index in the table)
+    /// that it made full and cached.
     pub fn allocate_slots(
         &mut self,
         table: &mut BlockTable,
@@ -113,14 +114,14 @@ impl KvCacheManager {
         num_new_tokens: usize,
         hashes: &[BlockHash],
         num_tokens: usize,
-    ) -> bool {
+    ) -> Option<std::ops::Range<usize>> {
         let bs = self.block_size;
         let computed = num_computed + hits.len() * bs;
         let required = (computed + num_new_tokens).div_ceil(bs);
         let new_blocks = required.saturating_sub(table.blocks.len() + hits.len());
         let evictable_hits = hits.iter().filter(|&&b| self.pool.ref_cnt(b) == 0).count();
         if new_blocks + evictable_hits > self.pool.num_free() {
-            return false;
+            return None;
         }
         if !hits.is_empty() {
             debug_assert!(table.blocks.is_empty(), "hits only extend an empty table");
@@ -137,8 +138,9 @@ impl KvCacheManager {
         {
             self.pool.cache(block, hash);
         }
+        let newly = table.num_cached..full.max(table.num_cached);
         table.num_cached = table.num_cached.max(full);
-        true
+        Some(newly)
     }
 
     /// Frees a request's blocks, last block first.
@@ -166,7 +168,9 @@ mod tests {
     fn prefill_and_free(kv: &mut KvCacheManager, tokens: &[u32]) -> Vec<BlockId> {
         let hashes = chain(tokens, kv.block_size());
         let mut table = BlockTable::default();
-        assert!(kv.allocate_slots(&mut table, 0, &[], tokens.len(), &hashes, tokens.len()));
+        assert!(kv
+            .allocate_slots(&mut table, 0, &[], tokens.len(), &hashes, tokens.len())
+            .is_some());
         let blocks = table.blocks().to_vec();
         kv.free(&mut table);
         blocks
@@ -228,11 +232,16 @@ mod tests {
         let mut table = BlockTable::default();
         // 8 evictable hits + 2 new blocks > 9 free: refused, nothing changed.
         let queue = kv.pool().free_queue();
-        assert!(!kv.allocate_slots(&mut table, 0, &hits, 8, &hashes, q.len()));
+        assert!(kv
+            .allocate_slots(&mut table, 0, &hits, 8, &hashes, q.len())
+            .is_none());
         assert!(table.blocks().is_empty());
         assert_eq!(kv.pool().free_queue(), queue);
         // A chunk of 4 fits: 8 hits + 1 new block.
-        assert!(kv.allocate_slots(&mut table, 0, &hits, 4, &hashes, q.len()));
+        assert_eq!(
+            kv.allocate_slots(&mut table, 0, &hits, 4, &hashes, q.len()),
+            Some(8..9)
+        );
         assert_eq!(table.blocks().len(), 9);
         assert_eq!(kv.pool().num_free(), 0);
         assert_eq!(kv.usage(), 1.0);
@@ -245,9 +254,15 @@ mod tests {
         let hashes = chain(&p, 4);
         let mut table = BlockTable::default();
         // First chunk of 6 tokens: block 0 full, block 1 half.
-        assert!(kv.allocate_slots(&mut table, 0, &[], 6, &hashes, 10));
+        assert_eq!(
+            kv.allocate_slots(&mut table, 0, &[], 6, &hashes, 10),
+            Some(0..1)
+        );
         assert_eq!(kv.hit_tokens(&hashes, 10), 4);
-        assert!(kv.allocate_slots(&mut table, 6, &[], 4, &hashes, 10));
+        assert_eq!(
+            kv.allocate_slots(&mut table, 6, &[], 4, &hashes, 10),
+            Some(1..2)
+        );
         assert_eq!(table.blocks().len(), 3);
         assert_eq!(kv.hit_tokens(&hashes, 10), 8);
         // The partial third block is never cached.

@@ -1,17 +1,19 @@
 //! A model of one vLLM v1 replica, one concern per module:
 //! [`hashing`] (block keys), [`block_pool`] (free queue, cache map, usage),
 //! [`kv_manager`] (prefix lookup, slot allocation), [`scheduler`] (the
-//! continuous-batching step loop), [`step_time`] (cost model), [`profile`] (its coefficients as data) and [`pins`]
-//! (the `ttl-pin` policy's engine half).
+//! continuous-batching step loop), [`step_time`] (cost model), [`profile`] (its coefficients as data), [`host_tier`]
+//! (KV offloaded to host memory) and [`pins`] (the `ttl-pin` policy's engine half).
 
 pub mod block_pool;
 pub mod hashing;
+pub mod host_tier;
 pub mod kv_manager;
 pub mod pins;
 pub mod profile;
 pub mod scheduler;
 pub mod step_time;
 
+pub use host_tier::{HostTier, TierConfig};
 pub use profile::Profile;
 pub use scheduler::{EngineStats, Finished, FirstScheduled, NewRequest, Replica, ReqId, StepPlan};
 pub use step_time::{StepCost, StepLoad};
@@ -31,6 +33,8 @@ pub struct EngineConfig {
     pub long_prefill_token_threshold: usize,
     /// Step-time coefficients.
     pub cost: StepCost,
+    /// The host tier behind the GPU cache, if the engine offloads KV.
+    pub tier: Option<TierConfig>,
 }
 
 impl Default for EngineConfig {
@@ -47,6 +51,7 @@ impl Default for EngineConfig {
             cost: Profile::load(profile::DEFAULT)
                 .expect("the built-in default profile parses")
                 .cost,
+            tier: None,
         }
     }
 }
@@ -71,6 +76,14 @@ impl EngineConfig {
         if self.max_num_batched_tokens == 0 || self.max_num_seqs == 0 {
             return Err("max_num_batched_tokens and max_num_seqs must be > 0".into());
         }
+        if let Some(t) = &self.tier {
+            t.validate(self.num_gpu_blocks - 1)?;
+        }
         self.cost.validate()
+    }
+
+    /// Usable host-tier capacity in tokens (0 without a tier).
+    pub fn tier_tokens(&self) -> usize {
+        self.tier.map_or(0, |t| t.blocks * self.block_size)
     }
 }

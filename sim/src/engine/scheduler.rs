@@ -28,6 +28,7 @@ use rustc_hash::FxHashMap;
 
 use super::block_pool::BlockId;
 use super::hashing::BlockHash;
+use super::host_tier::HostTier;
 use super::kv_manager::{BlockTable, KvCacheManager};
 use super::pins::{PinTicket, Pins};
 use super::step_time::StepLoad;
@@ -72,8 +73,10 @@ pub struct FirstScheduled {
     pub turn: usize,
     /// Prompt tokens (the hit-rate query).
     pub prompt_len: usize,
-    /// Tokens found in the prefix cache.
+    /// Tokens found in the prefix cache (GPU and host tier).
     pub hit_tokens: usize,
+    /// Of those, tokens copied back from the host tier.
+    pub tier_hit_tokens: usize,
 }
 
 /// A request that generated all its tokens.
@@ -112,12 +115,20 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Prompt tokens of requests scheduled for the first time (hit-rate queries).
     pub query_tokens: u64,
-    /// Of those, prefix-cache hits.
+    /// Of those, prefix-cache hits (GPU and host tier).
     pub hit_tokens: u64,
+    /// Of the hits, tokens copied back from the host tier.
+    pub tier_hit_tokens: u64,
     /// Tokens looked up again by requests resumed after preemption.
     pub resumed_query_tokens: u64,
-    /// Of those, hits.
+    /// Of those, hits (GPU and host tier).
     pub resumed_hit_tokens: u64,
+    /// Tokens copied back from the host tier (first and resumed lookups).
+    pub reloaded_tokens: u64,
+    /// Step time spent copying them, ns.
+    pub reload_ns: u64,
+    /// Blocks the host tier evicted.
+    pub tier_evictions: u64,
     /// Pins taken.
     pub pins: u64,
     /// Pins released because the session's next turn was scheduled.
@@ -177,6 +188,7 @@ pub struct Replica {
     in_flight: Option<Vec<(ReqId, usize)>>,
     pins: Pins,
     pinning: bool,
+    tier: Option<HostTier>,
     /// Per session: tokens of its stream whose KV it has ever computed.
     high_water: FxHashMap<usize, usize>,
     stats: EngineStats,
@@ -195,6 +207,7 @@ impl Replica {
             in_flight: None,
             pins: Pins::default(),
             pinning,
+            tier: cfg.tier.map(HostTier::new),
             high_water: FxHashMap::default(),
             stats: EngineStats::default(),
             hits_scratch: Vec::new(),
@@ -203,7 +216,10 @@ impl Replica {
 
     /// Counters so far.
     pub fn stats(&self) -> EngineStats {
-        self.stats
+        EngineStats {
+            tier_evictions: self.tier.as_ref().map_or(0, HostTier::evictions),
+            ..self.stats
+        }
     }
 
     /// The KV cache (read-only).
@@ -363,26 +379,33 @@ impl Replica {
         }
 
         let mut first_scheduled = Vec::new();
+        let mut reload = 0;
         // vLLM admits no WAITING request in a step that preempted.
         while !preempted_any && budget > 0 && self.running.len() < self.cfg.max_num_seqs {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
             let mut hits = std::mem::take(&mut self.hits_scratch);
-            let (session, num_tokens) = {
+            let (session, num_tokens, tier_hit) = {
                 let r = &self.requests[&id];
                 debug_assert_eq!(r.num_computed, 0);
                 let num_tokens = r.num_tokens();
                 let known = &r.spec.hashes[..num_tokens / self.cfg.block_size];
                 self.kv
                     .find_longest_cache_hit(known, num_tokens - 1, &mut hits);
-                (r.spec.session, num_tokens)
+                // The tier continues the GPU hit, under the same cap.
+                let limit = ((num_tokens - 1) / self.cfg.block_size).min(known.len());
+                let tier_hit = self.tier.as_ref().map_or(0, |t| {
+                    t.run_length(&known[hits.len().min(limit)..limit]) * self.cfg.block_size
+                });
+                (r.spec.session, num_tokens, tier_hit)
             };
             let hit = hits.len() * self.cfg.block_size;
-            let n = self.chunk(num_tokens - hit, budget);
+            let n = self.chunk(num_tokens - hit - tier_hit, budget);
             let mut fits = false;
             loop {
-                if self.allocate(id, &hits, n) {
+                // Reloaded tokens take GPU blocks like computed ones.
+                if self.allocate(id, &hits, tier_hit + n) {
                     fits = true;
                     break;
                 }
@@ -398,20 +421,24 @@ impl Replica {
             self.running.push(id);
             let r = self.requests.get_mut(&id).expect("queued");
             r.status = Status::Running;
-            r.num_computed = hit;
+            r.num_computed = hit + tier_hit;
+            reload += tier_hit;
+            self.stats.reloaded_tokens += tier_hit as u64;
             if r.scheduled_once {
                 self.stats.resumed_query_tokens += num_tokens as u64;
-                self.stats.resumed_hit_tokens += hit as u64;
+                self.stats.resumed_hit_tokens += (hit + tier_hit) as u64;
             } else {
                 r.scheduled_once = true;
                 self.stats.query_tokens += r.spec.prompt_len as u64;
-                self.stats.hit_tokens += hit as u64;
+                self.stats.hit_tokens += (hit + tier_hit) as u64;
+                self.stats.tier_hit_tokens += tier_hit as u64;
                 first_scheduled.push(FirstScheduled {
                     id,
                     session,
                     turn: r.spec.turn,
                     prompt_len: r.spec.prompt_len,
-                    hit_tokens: hit,
+                    hit_tokens: hit + tier_hit,
+                    tier_hit_tokens: tier_hit,
                 });
             }
             // The new turn's hits now hold what the pin protected.
@@ -441,7 +468,13 @@ impl Replica {
             }
             *hw = (*hw).max(start + n);
         }
-        let duration_ns = self.cfg.cost.step_ns(load);
+        // Copies take step time and no compute.
+        let reload_ns = self
+            .tier
+            .as_ref()
+            .map_or(0, |t| t.config().reload_ns(reload));
+        self.stats.reload_ns += reload_ns;
+        let duration_ns = self.cfg.cost.step_ns(load) + reload_ns;
         self.stats.steps += 1;
         self.stats.busy_ns += duration_ns;
         self.stats.prefill_tokens += load.prefill;
@@ -476,6 +509,10 @@ impl Replica {
         }
         for id in finished {
             let mut r = self.requests.remove(&id).expect("finished");
+            if let Some(tier) = &mut self.tier {
+                // The connector applies a request's accesses at its end.
+                tier.touch(&r.spec.hashes[..r.num_tokens() / self.cfg.block_size]);
+            }
             let pinned = if self.pinning && r.spec.pin_after {
                 let (ticket, older) = self.pins.pin(r.spec.session, r.table.take(), now);
                 if let Some(blocks) = older {
@@ -509,17 +546,22 @@ impl Replica {
         n
     }
 
+    /// Allocates `n` more tokens of `id` (after the GPU `hits`), storing
+    /// the blocks it makes full in the host tier (write-through).
     fn allocate(&mut self, id: ReqId, hits: &[BlockId], n: usize) -> bool {
         let r = self.requests.get_mut(&id).expect("known request");
         let num_tokens = r.num_tokens();
-        self.kv.allocate_slots(
-            &mut r.table,
-            r.num_computed,
-            hits,
-            n,
-            &r.spec.hashes[..num_tokens / self.cfg.block_size],
-            num_tokens,
-        )
+        let hashes = &r.spec.hashes[..num_tokens / self.cfg.block_size];
+        let Some(full) =
+            self.kv
+                .allocate_slots(&mut r.table, r.num_computed, hits, n, hashes, num_tokens)
+        else {
+            return false;
+        };
+        if let Some(tier) = &mut self.tier {
+            tier.store(&hashes[full]);
+        }
+        true
     }
 
     /// Under memory pressure, ends the oldest pin (sparing `spare` if it can).
@@ -548,6 +590,7 @@ impl Replica {
 #[cfg(test)]
 mod tests {
     use super::super::hashing::chain;
+    use super::super::TierConfig;
     use super::*;
 
     fn cfg(blocks: usize, budget: usize, max_seqs: usize) -> EngineConfig {
@@ -801,5 +844,83 @@ mod tests {
         r.begin_step().unwrap();
         assert!(!r.abort_unscheduled(1), "running");
         assert!(!r.abort_unscheduled(9), "unknown");
+    }
+
+    /// Runs one request of `prompt` tokens (one output) to the end;
+    /// returns what its first scheduling found and the steps' time.
+    fn run_one(
+        r: &mut Replica,
+        id: ReqId,
+        session: usize,
+        h: &Rc<[BlockHash]>,
+        prompt: usize,
+    ) -> (FirstScheduled, u64) {
+        r.add(req(id, session, h, prompt, 1));
+        let mut first = None;
+        let mut ns = 0;
+        while let Some(plan) = r.begin_step() {
+            first = first.or(plan.first_scheduled.first().copied());
+            ns += plan.duration_ns;
+            r.end_step(ns);
+        }
+        (first.expect("scheduled"), ns)
+    }
+
+    #[test]
+    fn a_prefix_evicted_from_gpu_memory_is_copied_back_from_the_tier() {
+        // 16 usable blocks of 4 tokens; a tier of 64 blocks at 1M tokens/s.
+        let tier = TierConfig {
+            blocks: 64,
+            reload_tokens_per_sec: 1e6,
+        };
+        let mut r = Replica::new(
+            EngineConfig {
+                tier: Some(tier),
+                ..cfg(17, 64, 8)
+            },
+            false,
+        );
+        let a = stream(0, 80);
+        run_one(&mut r, 1, 0, &a, 40);
+        // Another session's 60 tokens evict all but a's first block (freed
+        // last, so evicted last) from GPU memory.
+        run_one(&mut r, 2, 1, &stream(1, 64), 60);
+        assert_eq!(r.prefix_hit_ratio(&a, 41), 4.0 / 41.0);
+        // a's next turn: the other 36 of its 40 tokens come back by a copy.
+        let (first, ns) = run_one(&mut r, 3, 0, &a, 44);
+        assert_eq!((first.hit_tokens, first.tier_hit_tokens), (40, 36));
+        let s = r.stats();
+        assert_eq!((s.reloaded_tokens, s.re_prefilled_tokens), (36, 0));
+        assert_eq!(s.reload_ns, tier.reload_ns(36));
+        // The step that copies pays for it, and computes only the rest.
+        let mut load = StepLoad::default();
+        load.add(40, 4, false);
+        assert_eq!(ns, r.cfg.cost.step_ns(load) + tier.reload_ns(36));
+    }
+
+    #[test]
+    fn a_prefix_the_tier_evicted_too_is_recomputed() {
+        // A tier no bigger than the GPU cache (16 blocks).
+        let tier = TierConfig {
+            blocks: 16,
+            reload_tokens_per_sec: 1e6,
+        };
+        let mut r = Replica::new(
+            EngineConfig {
+                tier: Some(tier),
+                ..cfg(17, 64, 8)
+            },
+            false,
+        );
+        let a = stream(0, 80);
+        run_one(&mut r, 1, 0, &a, 40);
+        run_one(&mut r, 2, 1, &stream(1, 64), 60);
+        // Storing b's 15 blocks evicted 9 of a's from the tier, head first:
+        // only the block still in GPU memory hits.
+        assert_eq!(r.stats().tier_evictions, 10 + 15 - 16);
+        let (first, _) = run_one(&mut r, 3, 0, &a, 44);
+        assert_eq!((first.hit_tokens, first.tier_hit_tokens), (4, 0));
+        let s = r.stats();
+        assert_eq!((s.reloaded_tokens, s.re_prefilled_tokens), (0, 36));
     }
 }
