@@ -38,7 +38,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
             unreachable!("the head of the queue is waiting");
         };
         let need = self.need(s, waiting.prompt);
-        if self.fits_beside_members(need) && self.fits_ahead(s, need) {
+        if self.fits_beside_members(need) && self.fits_ahead(s, need) && self.fits_tier(s, need) {
             return Verdict::Fits;
         }
         let bound = waiting.since.saturating_add(self.wait_bound_ns());
@@ -124,6 +124,36 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         })
     }
 
+    /// Whether the session at `s`, needing `need` more tokens, keeps the
+    /// rotation within the host tier: one parked there is in it already;
+    /// anyone else joining it must fit beside it, or a parked session
+    /// would be pushed out of the tier and recompute its history when it
+    /// returns. Always true without a tier.
+    pub(super) fn fits_tier(&self, s: Slot, need: u64) -> bool {
+        let Some(tier) = self.capacity.tier() else {
+            return true;
+        };
+        self.sessions[s].parked_in_tier.is_some() || self.rotation_tokens() + need <= tier.tokens
+    }
+
+    /// The session the admission rule is asked about: the first in the
+    /// queue, except that with a host tier the sessions parked there go
+    /// first. They are in the rotation already, their blocks are aging in
+    /// the tier while they wait, and a newcomer let in before them would
+    /// take the room they need back.
+    pub(super) fn candidate(&self) -> Option<Slot> {
+        let head = self.queue.head()?;
+        if self.tier_parked.is_empty() {
+            return Some(head);
+        }
+        let parked = self
+            .queue
+            .iter()
+            .map(|(_, &s)| s)
+            .find(|&s| self.sessions[s].parked_in_tier.is_some());
+        Some(parked.unwrap_or(head))
+    }
+
     /// Parks members between turns while what is counted exceeds the
     /// capacity, from the first token over (never `keep`, the member whose
     /// turn is asking). The engine absorbs no overflow for free: it evicts
@@ -154,7 +184,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     fn rotation_refill_rate(&self) -> f64 {
         let windows = self.tuning.wait_bound_windows;
         if windows > 0.0 && windows.is_finite() {
-            self.capacity.prefill_rate() / windows
+            self.return_rate() / windows
         } else {
             0.0
         }
@@ -187,7 +217,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// When the queue head reaches the wait bound, if it has not yet (a
     /// head already past it waits for a release, not a time).
     pub(super) fn wait_bound_end(&self) -> Option<u64> {
-        let head = self.queue.head()?;
+        let head = self.candidate()?;
         let w = self.sessions[head].waiting()?;
         let paid_off = self
             .rotation_budget
@@ -200,13 +230,13 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// joins and keeps its grant until its attempt collects it. Returns
     /// them, with why, in `out`.
     pub(super) fn admit_queue_heads(&mut self, now: u64, out: &mut Vec<(K, Verdict)>) {
-        if self.queue.head().is_none() {
+        if self.queue.len() == 0 {
             return;
         }
         // Decided once for the pass: the heads it lets in for running cold
         // change the figures, not the answer they were let in by.
         self.update_holding();
-        while let Some(s) = self.queue.head() {
+        while let Some(s) = self.candidate() {
             let verdict = self.head_verdict(s, now);
             if verdict == Verdict::Wait {
                 break;

@@ -140,6 +140,14 @@ impl Capacity {
         self.window
     }
 
+    /// How long the engine takes to copy its whole cache back from the
+    /// host tier, ns, if it has one and its capacity is known.
+    pub(super) fn reload_window_ns(&self) -> Option<u64> {
+        let tier = self.engine.tier?;
+        let c = self.estimate?;
+        Some(((c / tier.reload_tokens_per_sec) * 1e9).min(u64::MAX as f64 / 2.0) as u64)
+    }
+
     fn update_window(&mut self) {
         let rate = self.prefill_rate();
         self.window = match self.estimate {

@@ -25,6 +25,7 @@
 use std::hash::Hash;
 
 use super::roster::Links;
+use super::tier::TierPlace;
 use super::{Slot, Verdict, WorkingSet};
 use crate::core::prompt::PromptSketch;
 
@@ -44,6 +45,9 @@ pub(super) struct Session<K> {
     pub(super) stage: Stage,
     pub(super) gap: ToolGap,
     pub(super) history: History,
+    /// Its place among the sessions parked in the host tier, while it is
+    /// one (module `tier`).
+    pub(super) parked_in_tier: Option<TierPlace>,
 }
 
 /// Where a session stands.
@@ -199,6 +203,7 @@ impl<K> Session<K> {
             stage: Stage::Away,
             gap: ToolGap::Closed,
             history: History::default(),
+            parked_in_tier: None,
         }
     }
 
@@ -239,10 +244,12 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.queue.remove(w.at);
         // Its own ghost no longer counts: those blocks are its own again.
         self.ghosts.forget(&self.sessions[s].key);
+        self.unpark_from_tier(s);
         let footprint = self.footprint(s, w.prompt);
         let reserve = self.means.next_turn_growth(&self.sessions[s].history);
         self.own_sum += self.own(s, footprint);
         self.reserve_sum += reserve;
+        self.trim_tier();
         self.stays += 1;
         self.sessions[s].stage = Stage::Member(Member {
             footprint,
@@ -267,6 +274,20 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             let released = if m.in_flight > 0 { now } else { m.released_at };
             let key = self.sessions[s].key.clone();
             self.ghosts.insert(released, own, key);
+            if self.capacity.tier().is_some() {
+                match why {
+                    Leaving::BetweenTurns => {
+                        let place = self.tier_parked.park(Some(s), own);
+                        self.sessions[s].parked_in_tier = Some(place);
+                    }
+                    // Its blocks stay in the tier until they are the least
+                    // recently used.
+                    Leaving::Ended => {
+                        self.tier_parked.park(None, own);
+                    }
+                }
+                self.trim_tier();
+            }
         }
         if let (Leaving::BetweenTurns, Some(since)) = (why, self.sessions[s].gap.since()) {
             self.silences.left(s, since);
@@ -334,6 +355,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.lifetimes.record(self.sessions[s].history.turns);
         }
         self.leave(s, now, Leaving::Ended);
+        self.end_in_tier(s);
         let r = &mut self.sessions[s];
         if let Stage::Waiting(_) = r.stage {
             r.history = Default::default();

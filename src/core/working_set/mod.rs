@@ -91,6 +91,7 @@ use roster::{Ghosts, IdleList};
 use rotation_budget::RotationBudget;
 use shared_prefix::{InFlight, SharedPrefix};
 use silences::Silences;
+use tier::TierParked;
 pub use tier::{KvTier, TierError};
 pub use tuning::Tuning;
 
@@ -212,6 +213,9 @@ pub struct WorkingSetStats {
     pub refused_answers: u64,
     /// Cached tokens that turn reports said the host tier served, summed.
     pub tier_cached_tokens: u64,
+    /// Own tokens of the sessions parked in the host tier, which come back
+    /// by a copy (0 without a tier).
+    pub tier_parked_tokens: u64,
 }
 
 /// The working set of one engine.
@@ -249,6 +253,9 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     refused_answers: u64,
     /// Cached tokens the turn reports said came from the host tier.
     tier_cached_tokens: u64,
+    /// The sessions parked in the host tier, in the order the tier
+    /// evicts them.
+    tier_parked: TierParked,
 }
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
@@ -275,6 +282,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             rotation_budget: RotationBudget::default(),
             refused_answers: 0,
             tier_cached_tokens: 0,
+            tier_parked: TierParked::default(),
         }
     }
 
@@ -367,14 +375,46 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.capacity.tokens()
     }
 
-    /// How long the engine takes to prefill its whole cache, ns: a
-    /// member's window.
+    /// A member's window, ns: how long the engine takes to refill its
+    /// whole cache the way a parked member comes back. By a copy from the
+    /// host tier while the rotation fits the tier (module `tier`), by a
+    /// prefill otherwise.
     pub fn window_ns(&self) -> u64 {
-        self.capacity.window_ns()
+        match self.capacity.reload_window_ns() {
+            Some(reload) if self.rotation_fits_tier() => reload,
+            _ => self.capacity.window_ns(),
+        }
     }
 
+    /// What a parked member costs to bring back, tokens a second: the
+    /// tier's reload rate while the rotation fits the tier, else the
+    /// prefill rate (0 while unknown).
+    fn return_rate(&self) -> f64 {
+        match self.capacity.tier() {
+            Some(t) if self.rotation_fits_tier() => t.reload_tokens_per_sec,
+            _ => self.capacity.prefill_rate(),
+        }
+    }
+
+    /// Whether every session in the rotation (the members, and the
+    /// sessions parked between turns that have not ended) fits the host
+    /// tier, so that a parked member is still there when it returns.
+    fn rotation_fits_tier(&self) -> bool {
+        self.capacity
+            .tier()
+            .is_some_and(|t| self.rotation_tokens() <= t.tokens)
+    }
+
+    /// The tokens of the rotation: the shared prefix, the members' own
+    /// tokens and those of the sessions parked in the host tier.
+    fn rotation_tokens(&self) -> u64 {
+        self.shared.tokens + self.own_sum + self.tier_parked.tokens()
+    }
+
+    /// `B` refill windows at the prefill rate, whatever the tier: past
+    /// it a head may push the rotation out of the tier.
     fn wait_bound_ns(&self) -> u64 {
-        (self.window_ns() as f64 * self.tuning.wait_bound_windows) as u64
+        (self.capacity.window_ns() as f64 * self.tuning.wait_bound_windows) as u64
     }
 
     /// Tokens counted now (nothing while the working set is empty).
@@ -473,6 +513,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             tier_tokens: self.capacity.tier().map_or(0, |t| t.tokens),
             refused_answers: self.refused_answers,
             tier_cached_tokens: self.tier_cached_tokens,
+            tier_parked_tokens: self.tier_parked.tokens(),
         }
     }
 }

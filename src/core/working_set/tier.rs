@@ -11,9 +11,11 @@
 //! tier holds a copy of everything the GPU does), a reload rate that is not
 //! a finite positive number, tier hits larger than the turn's cached tokens.
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::hash::Hash;
 
-use super::{EngineCapacity, TurnReport};
+use super::{EngineCapacity, Slot, TurnReport, WorkingSet};
 
 /// The engine's host tier: its size and how fast it copies KV back.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -185,9 +187,132 @@ pub(super) fn check_answer(
     Ok(())
 }
 
+/// A session's place among those parked in the host tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct TierPlace {
+    /// Its own tokens there.
+    own: u64,
+    /// When it was parked, in parks: orders the list.
+    seq: u64,
+}
+
+/// What the host tier holds beyond the members, in the order it evicts
+/// it (least recently used first; a session's blocks were last used at
+/// its last turn): the sessions that left the working set between turns,
+/// and the blocks of the sessions that ended.
+#[derive(Debug, Default)]
+pub(super) struct TierParked {
+    /// Oldest first: the session (`None` for one that ended), when it
+    /// left, its own tokens. A session's entry is skipped once it is no
+    /// longer parked at that place.
+    order: VecDeque<(Option<Slot>, u64, u64)>,
+    /// Own tokens of the sessions parked (that may return).
+    parked: u64,
+    /// Own tokens of the sessions that ended, until evicted.
+    ended: u64,
+    /// Entries that still stand for something (parked sessions, ended
+    /// ones): the rest are skipped, and dropped once they are the most.
+    standing: usize,
+    next_seq: u64,
+}
+
+impl TierParked {
+    /// Lists what the session at `s` (`None`: one that ended) left in the
+    /// tier, `own` tokens, as the newest.
+    pub(super) fn park(&mut self, s: Option<Slot>, own: u64) -> TierPlace {
+        let place = TierPlace {
+            own,
+            seq: self.next_seq,
+        };
+        self.next_seq += 1;
+        self.order.push_back((s, place.seq, own));
+        self.standing += 1;
+        match s {
+            Some(_) => self.parked += own,
+            None => self.ended += own,
+        }
+        place
+    }
+
+    /// Own tokens of the sessions parked, which may return.
+    pub(super) fn tokens(&self) -> u64 {
+        self.parked
+    }
+
+    /// Whether no session is parked.
+    pub(super) fn is_empty(&self) -> bool {
+        self.parked == 0
+    }
+}
+
+impl<K: Eq + Hash + Clone> WorkingSet<K> {
+    /// The session at `s` no longer counts as parked in the host tier (it
+    /// rejoined, ended, is presumed ended, or the tier evicted it).
+    pub(super) fn unpark_from_tier(&mut self, s: Slot) {
+        if let Some(place) = self.sessions[s].parked_in_tier.take() {
+            self.tier_parked.parked -= place.own;
+            self.tier_parked.standing -= 1;
+        }
+    }
+
+    /// The session at `s`, parked in the tier, ended (or is presumed to):
+    /// its blocks stay there, where they were, as an ended session's.
+    pub(super) fn end_in_tier(&mut self, s: Slot) {
+        let Some(place) = self.sessions[s].parked_in_tier.take() else {
+            return;
+        };
+        let t = &mut self.tier_parked;
+        t.parked -= place.own;
+        t.ended += place.own;
+        if let Some(entry) = t.order.iter_mut().find(|e| e.1 == place.seq) {
+            entry.0 = None;
+        }
+    }
+
+    /// Drops the oldest of what the host tier holds beyond the members
+    /// while it all outgrows the tier, as the tier evicts it: the blocks of
+    /// sessions that ended, and sessions parked, which then come back by a
+    /// recomputation, as a newcomer does.
+    pub(super) fn trim_tier(&mut self) {
+        let Some(tier) = self.capacity.tier() else {
+            return;
+        };
+        while self.rotation_tokens() + self.tier_parked.ended > tier.tokens {
+            let Some((s, seq, own)) = self.tier_parked.order.pop_front() else {
+                return;
+            };
+            match s {
+                None => {
+                    self.tier_parked.ended -= own;
+                    self.tier_parked.standing -= 1;
+                }
+                Some(s) if self.parked_at(s, seq) => self.unpark_from_tier(s),
+                Some(_) => {}
+            }
+        }
+        // Sessions that rejoined leave their entries behind: drop them once
+        // they outnumber the rest, so the list stays within twice what the
+        // tier holds.
+        let order = &self.tier_parked.order;
+        if order.len() > 2 * self.tier_parked.standing + 16 {
+            let mut order = std::mem::take(&mut self.tier_parked.order);
+            order.retain(|&(s, seq, _)| s.is_none_or(|s| self.parked_at(s, seq)));
+            self.tier_parked.order = order;
+        }
+    }
+
+    /// Whether the session at `s` is parked in the tier at place `seq`.
+    fn parked_at(&self, s: Slot, seq: u64) -> bool {
+        self.sessions
+            .get(s)
+            .and_then(|r| r.parked_in_tier)
+            .is_some_and(|p| p.seq == seq)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::{Tuning, WorkingSet};
+    use super::super::{Tuning, Verdict, WorkingSet};
     use super::*;
 
     #[test]
@@ -256,5 +381,105 @@ mod tests {
             (s.capacity_tokens, s.tier_tokens, s.refused_answers),
             (1000, 4000, 2)
         );
+    }
+
+    /// 1000 tokens of GPU cache in blocks of 1, prefilled at 1000 tokens/s
+    /// (refill window 1 s), and a tier of `tier` tokens copied back at
+    /// 10,000 tokens/s (a tenth of a second for the whole cache).
+    fn tiered(tier: u64) -> WorkingSet<&'static str> {
+        let mut ws = WorkingSet::new(Tuning::default());
+        let engine = EngineCapacity::new(1000, 1, 1000.0)
+            .with_tier(KvTier::new(tier, 10_000.0).unwrap())
+            .unwrap();
+        ws.set_engine(engine).unwrap();
+        ws
+    }
+
+    const S: u64 = 1_000_000_000;
+    const MS: u64 = S / 1000;
+
+    fn done(ws: &mut WorkingSet<&'static str>, key: &'static str, prompt: u64, now: u64) {
+        ws.release(&key, prompt, TurnReport::new(Some(0), Some(0)), 0, now);
+    }
+
+    #[test]
+    fn with_a_tier_a_window_is_the_time_to_copy_the_cache_back() {
+        let mut ws = tiered(3000);
+        assert_eq!(ws.window_ns(), 100 * MS);
+        ws.request(&"a", 600, 0);
+        ws.request(&"b", 300, 0);
+        assert_eq!(ws.request(&"c", 300, 0), Verdict::Wait);
+        done(&mut ws, "a", 600, 10 * MS);
+        // a's place is held for 0.1 s, not the refill window's 1 s.
+        assert_eq!(ws.next_deadline(), Some(110 * MS));
+        let mut out = Vec::new();
+        ws.admit_waiting(110 * MS, &mut out);
+        assert_eq!(out, vec![("c", Verdict::Fits)]);
+        assert_eq!(ws.stats().tier_parked_tokens, 600);
+        // Without a tier the same member keeps its place for a second.
+        let mut plain: WorkingSet<&str> = WorkingSet::new(Tuning::default());
+        plain
+            .set_engine(EngineCapacity::new(1000, 1, 1000.0))
+            .unwrap();
+        assert_eq!(plain.window_ns(), S);
+    }
+
+    #[test]
+    fn a_session_parked_in_the_tier_goes_before_newcomers() {
+        let mut ws = tiered(3000);
+        ws.request(&"a", 500, 0);
+        ws.request(&"b", 500, 0);
+        done(&mut ws, "a", 500, 0);
+        let mut out = Vec::new();
+        ws.admit_waiting(100 * MS, &mut out); // a parked in the tier
+        assert_eq!(ws.request(&"new", 600, 200 * MS), Verdict::Wait);
+        // a grew: it no longer fits beside b either.
+        assert_eq!(ws.request(&"a", 550, 300 * MS), Verdict::Wait);
+        // b's turn ends and its window passes: the cache is free, and a
+        // takes it though the newcomer queued first.
+        done(&mut ws, "b", 500, 300 * MS);
+        ws.admit_waiting(400 * MS, &mut out);
+        assert_eq!(out, vec![("a", Verdict::Empty)]);
+        assert!(ws.is_waiting(&"new"));
+    }
+
+    #[test]
+    fn a_newcomer_waits_for_room_in_the_tier_that_parked_sessions_hold() {
+        let mut ws = tiered(1200);
+        ws.request(&"a", 400, 0);
+        ws.request(&"b", 400, 0);
+        done(&mut ws, "a", 400, 0);
+        let mut out = Vec::new();
+        ws.admit_waiting(100 * MS, &mut out); // a parked: the rotation holds 800
+                                              // 500 more fits the GPU cache beside b, but not the tier beside a and b.
+        assert_eq!(ws.request(&"c", 500, 100 * MS), Verdict::Wait);
+        // a, parked there already, passes it.
+        assert_eq!(ws.request(&"a", 450, 200 * MS), Verdict::Fits);
+        // b ends: its blocks are the tier's to evict, so c fits beside a.
+        ws.finish(&"b", 300 * MS);
+        ws.admit_waiting(300 * MS, &mut out);
+        assert_eq!(out, vec![("c", Verdict::Fits)]);
+    }
+
+    #[test]
+    fn a_parked_session_the_tier_outgrew_comes_back_as_a_newcomer() {
+        let mut ws = tiered(1200);
+        ws.request(&"a", 400, 0);
+        ws.request(&"b", 400, 0);
+        done(&mut ws, "a", 400, 0);
+        let mut out = Vec::new();
+        ws.admit_waiting(100 * MS, &mut out);
+        assert_eq!(ws.stats().tier_parked_tokens, 400);
+        // b grows to 900: with a, more than the tier holds, and a is the
+        // least recently used.
+        assert_eq!(ws.request(&"b", 900, 100 * MS), Verdict::Member);
+        done(&mut ws, "b", 900, 150 * MS);
+        assert_eq!(ws.stats().tier_parked_tokens, 0);
+        // a's return now needs room in the tier like anyone's: it waits
+        // (900 + 400 > 1200) although the GPU cache has b's place after
+        // its window.
+        assert_eq!(ws.request(&"a", 400, 300 * MS), Verdict::Wait);
+        // b itself still fits the tier: its window stays the copy's.
+        assert_eq!(ws.window_ns(), 100 * MS);
     }
 }

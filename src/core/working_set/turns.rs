@@ -53,7 +53,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         }
         saw_sketch(&mut self.sessions[s].history, sketch);
         self.enqueue(s, prompt, now);
-        if self.queue.head() != Some(s) {
+        if self.candidate() != Some(s) {
             return Verdict::Wait;
         }
         self.update_holding();
@@ -224,6 +224,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.reserve_sum = self.reserve_sum - m.reserve + reserve;
         m.reserve = reserve;
         self.idle.insert(&mut self.sessions, s);
+        self.trim_tier();
         if between_turns && !keeps_window {
             self.leave(s, now, Leaving::BetweenTurns);
         }

@@ -50,7 +50,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// the host tells no ends: each one's turn count joins the lifetimes
     /// (taken back if it asks again).
     pub(super) fn presume_ends(&mut self, now: u64) {
-        while let Some(gone) = self.silences.pop_due(now, self.window_ns()) {
+        // A session's silence is judged on the refill window whatever the
+        // tier: it says how long sessions stay away, not what a return costs.
+        while let Some(gone) = self.silences.pop_due(now, self.capacity.window_ns()) {
             let Some(r) = self.sessions.get_mut(gone.slot) else {
                 continue;
             };
@@ -66,6 +68,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 r.gap = ToolGap::Quiet {
                     since: gone.released_at,
                 };
+                self.end_in_tier(gone.slot);
             }
         }
     }
