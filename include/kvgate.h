@@ -397,6 +397,34 @@ typedef bool (*kvgate_capacity_fn)(void *user_data,
                                    double *out_prefill_tokens_per_sec);
 
 /**
+ * The tier probe (`kvgate_config_set_tier_probe`; NULL: the engine has
+ * no host tier). Asks the engine serving `session_id` for its host tier of
+ * KV (vLLM's `--kv-offloading-size`, LMCache, SGLang's HiCache): writes
+ * the tokens of KV the tier holds to `*out_tier_tokens` and the tokens per
+ * second the engine copies back from it into GPU memory to
+ * `*out_reload_tokens_per_sec`, and returns true. Returning false, or
+ * true with `*out_tier_tokens` 0, says the engine has no tier.
+ *
+ * Asked right after the capacity probe (with every usage probe, in
+ * working-set mode only; not once the gate was closed or freed meanwhile,
+ * e.g. by the capacity probe). Same threading and `user_data` contract as
+ * `kvgate_usage_fn`.
+ *
+ * A tier is part of the engine's configuration. Nobody can be told of a
+ * refused answer here, so an answer the gate refuses is ignored whole
+ * (the capacity answered with it too, as if the engine had not answered:
+ * the gate keeps the capacity and tier it knew) and counted in
+ * `kvgate_stats.working_set_refused_answers`. Refused: a reload rate that
+ * is not finite and > 0; a tier smaller than the GPU capacity (this
+ * answer's, or the one known); no tier after a tier was told.
+ */
+typedef bool (*kvgate_tier_fn)(void *user_data,
+                               const uint8_t *session_id,
+                               size_t session_id_len,
+                               uint64_t *out_tier_tokens,
+                               double *out_reload_tokens_per_sec);
+
+/**
  * What `kvgate_acquire` admitted.
  *
  * This struct never changes layout: new figures come with new functions.
@@ -734,6 +762,26 @@ typedef struct kvgate_stats {
      * Retired, always 0 (it fed the removed `engine_idle` rule).
      */
     double working_set_reprefill_sec;
+    /**
+     * Gauge: the engine's host tier of KV, tokens, as told by
+     * `kvgate_attempt_answer_usage_tiered` or the tier probe (0: none
+     * told, and in reference mode).
+     */
+    uint64_t working_set_tier_tokens;
+    /**
+     * Engine answers and turn reports whose tier figures the gate
+     * refused (a tier smaller than the GPU cache, a reload rate that is
+     * not finite and > 0, a tier that disappeared, tier hits over the
+     * turn's cached tokens): those a call refused with
+     * `KVGATE_INVALID_ARGUMENT` and those the tier probe answered, which
+     * were ignored. Each kept what the gate knew. 0 in reference mode.
+     */
+    uint64_t working_set_refused_answers;
+    /**
+     * Cached tokens that turn reports (`kvgate_release_with_tier_report`)
+     * said the host tier served, summed (0 in reference mode).
+     */
+    uint64_t working_set_tier_cached_tokens;
 } kvgate_stats;
 
 /**
@@ -965,6 +1013,22 @@ kvgate_status kvgate_config_set_capacity_probe(struct kvgate_config *config,
                                                kvgate_capacity_fn capacity);
 
 /**
+ * Sets the tier probe (`kvgate_tier_fn`), called with the `user_data` of
+ * `kvgate_config_set_probes`, right after the capacity probe. NULL (the
+ * default) means the engine has no host tier, as for a probe that always
+ * returns false. `kvgate_new` copies it with the other probes. Hosts that
+ * drive attempts themselves tell the tier with
+ * `kvgate_attempt_answer_usage_tiered` instead.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` for a NULL `config`.
+ *
+ * # Safety
+ * `config` is NULL or a live builder not used by another thread meanwhile;
+ * the probe obeys the contract of `kvgate_tier_fn`.
+ */
+kvgate_status kvgate_config_set_tier_probe(struct kvgate_config *config, kvgate_tier_fn tier);
+
+/**
  * Sets how the gate decides: a `kvgate_admission_mode` value. Default
  * `KVGATE_ADMISSION_MODE_WORKING_SET`.
  *
@@ -1104,6 +1168,31 @@ kvgate_status kvgate_release_with_report(struct kvgate_gate *gate,
                                          uint64_t lease,
                                          int64_t cached_tokens,
                                          int64_t output_tokens);
+
+/**
+ * `kvgate_release_with_report` with, of the turn's `cached_tokens`, those
+ * the engine copied back from its host tier (`tier_cached_tokens`; the
+ * rest came from GPU memory). Negative means unknown, as for the other
+ * two figures.
+ *
+ * A report that contradicts itself is refused before anything else:
+ * `tier_cached_tokens` greater than `cached_tokens`, or tier hits
+ * (`tier_cached_tokens >= 0`) with `cached_tokens` unknown (negative).
+ * Then it returns `KVGATE_INVALID_ARGUMENT`, `kvgate_last_error` says
+ * why, and nothing changes: the lease is still held and valid, and the
+ * host releases it again (with a consistent report, or plain
+ * `kvgate_release`). The refusal is counted in
+ * `kvgate_stats.working_set_refused_answers` (working-set mode). Other
+ * statuses and thread-safety as `kvgate_release`.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate (see `kvgate_free`).
+ */
+kvgate_status kvgate_release_with_tier_report(struct kvgate_gate *gate,
+                                              uint64_t lease,
+                                              int64_t cached_tokens,
+                                              int64_t output_tokens,
+                                              int64_t tier_cached_tokens);
 
 /**
  * Ends the session's ownership window (its reservation), wakes a waiting
@@ -1355,6 +1444,12 @@ kvgate_status kvgate_attempt_begin_with_prompt(struct kvgate_gate *gate,
  * `KVGATE_STEP_PROBE_USAGE` (nothing changes), `KVGATE_INVALID_ARGUMENT`
  * for a NULL pointer. Thread-safe (steps of one attempt are serialised).
  *
+ * It says nothing of a host tier: a tier told earlier (by
+ * `kvgate_attempt_answer_usage_tiered` or the tier probe) is kept. A host
+ * whose engine may have a tier answers with
+ * `kvgate_attempt_answer_usage_tiered`, which also catches a tier that
+ * disappears.
+ *
  * # Safety
  * `attempt` is NULL or a live attempt; `out_step` is NULL or writable.
  */
@@ -1364,6 +1459,44 @@ kvgate_status kvgate_attempt_answer_usage(struct kvgate_attempt *attempt,
                                           uint32_t block_tokens,
                                           double prefill_tokens_per_sec,
                                           struct kvgate_step *out_step);
+
+/**
+ * `kvgate_attempt_answer_usage` from a host that speaks of host tiers of
+ * KV (vLLM's `--kv-offloading-size`, LMCache, SGLang's HiCache): with the
+ * capacity, the engine's tier as `kvgate_tier_fn` answers it, its tokens
+ * (`tier_tokens`, 0: the engine has no tier) and the tokens per second the
+ * engine copies back from it into GPU memory (`reload_tokens_per_sec`,
+ * read only with a tier). All of `capacity_tokens`, `block_tokens`,
+ * `prefill_tokens_per_sec` and `tier_tokens` 0 means the engine cannot
+ * say: the answer then says nothing of a tier either, like
+ * `kvgate_attempt_answer_usage` (which keeps the tier told earlier).
+ *
+ * Refused with `KVGATE_INVALID_ARGUMENT` (`kvgate_last_error` says why):
+ * a reload rate that is not finite and > 0 with a tier; a tier smaller
+ * than the GPU capacity (this answer's, or the one the gate knows); no
+ * tier (`tier_tokens` 0 with some other figure) after a tier was told: a
+ * tier is part of the engine's configuration. A refused answer changes
+ * nothing: the attempt stays at its `KVGATE_STEP_PROBE_USAGE` step, so the
+ * host answers again, `*out_step` is not written, the gate keeps what it
+ * knew. The refusal is counted in
+ * `kvgate_stats.working_set_refused_answers` (working-set mode; reference
+ * mode, which reads no capacity, refuses only an answer inconsistent in
+ * itself, and counts nothing).
+ *
+ * Other statuses as `kvgate_attempt_answer_usage`; an answer that is
+ * refused is refused whatever the attempt's step.
+ *
+ * # Safety
+ * `attempt` is NULL or a live attempt; `out_step` is NULL or writable.
+ */
+kvgate_status kvgate_attempt_answer_usage_tiered(struct kvgate_attempt *attempt,
+                                                 double usage,
+                                                 uint64_t capacity_tokens,
+                                                 uint32_t block_tokens,
+                                                 double prefill_tokens_per_sec,
+                                                 uint64_t tier_tokens,
+                                                 double reload_tokens_per_sec,
+                                                 struct kvgate_step *out_step);
 
 /**
  * Answers a `KVGATE_STEP_PROBE_PREFIX` step: the fraction of the prompt

@@ -160,6 +160,7 @@ cpp_el_expect=('^working_set: misuse threw kvgate::Error \(out_of_order, invalid
     '^reference: 32 sessions x 4 turns admitted once each; .*\(threads: 1\)$'
     '^reference: retry preempted the sleeper \(num_preempted=1\); cancel\(\) and a dropped Attempt counted \(cancelled=2\)'
     '^raii: an untaken lease released by ~Attempt; closed gate -> closed$'
+    '^tier: refused answers threw and changed nothing \(refused_answers=4\), a refused report kept its lease$'
     '^cpp engine loop: [0-9]+ checks passed$')
 run_and_expect cpp-engine-loop "${cpp_el_expect[@]}" -- "$out/cpp/engine_loop"
 grep -E 'woken through epoll' "$out/cpp-engine-loop.log"

@@ -17,7 +17,7 @@ use crate::parker::{Parker, ParkerHandle};
 use crate::probe::{EngineCapacity, Probe};
 use crate::sync::Arc;
 use crate::watch::DeadlineWatch;
-use crate::TurnReport;
+use crate::{KvTier, TurnReport};
 
 /// What an event-loop host says of a turn's prompt.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +41,18 @@ pub(crate) struct Shared {
     core: Core,
     watch: DeadlineWatch,
     probe: Box<dyn Probe>,
+    /// The C ABI's tier probe (`kvgate_config_set_tier_probe`), asked
+    /// right after the capacity probe.
+    tier_probe: Option<Box<dyn TierProbe>>,
     clock: Box<dyn Clock>,
+}
+
+/// A probe of the engine's host tier, asked after the capacity probe: the
+/// tier as the host told it, unchecked (`None`: the engine has none). Only
+/// the C ABI has one; a Rust host tells its tier with the capacity
+/// ([`EngineCapacity::with_tier`]).
+pub(crate) trait TierProbe: Send + Sync {
+    fn kv_tier(&self, session: &[u8]) -> Option<KvTier>;
 }
 
 impl Shared {
@@ -60,7 +71,39 @@ impl Shared {
         if !self.core.wants_capacity() || self.core.is_closed() {
             return None;
         }
-        self.probe.kv_cache_capacity(session)
+        let capacity = self.probe.kv_cache_capacity(session);
+        match &self.tier_probe {
+            // Not asked once the capacity probe closed (or freed) the gate.
+            Some(tier_probe) if !self.core.is_closed() => {
+                self.with_tier(capacity, tier_probe.kv_tier(session))
+            }
+            _ => capacity,
+        }
+    }
+
+    /// The capacity answer with the tier probe's: a tier probe always
+    /// speaks of tiers, so "none" after a tier was told is refused too.
+    /// Nobody can be told of a refusal here: it is counted
+    /// ([`Core::count_refused_answer`]) and the whole answer ignored, as
+    /// if the engine had not answered, so the gate keeps what it knew.
+    fn with_tier(
+        &self,
+        capacity: Option<EngineCapacity>,
+        tier: Option<KvTier>,
+    ) -> Option<EngineCapacity> {
+        let answer = EngineCapacity {
+            tier,
+            ..capacity.unwrap_or_default()
+        };
+        match self.core.check_engine_answer(&answer, true) {
+            Err(_) => {
+                self.core.count_refused_answer();
+                None
+            }
+            // No tier, and none known: the capacity answer as it was.
+            Ok(()) if tier.is_none() => capacity,
+            Ok(()) => Some(answer),
+        }
     }
 }
 
@@ -180,14 +223,45 @@ impl Gate {
         probe: impl Probe + 'static,
         clock: impl Clock + 'static,
     ) -> Result<Self, ConfigError> {
+        Self::with_parts(config, Box::new(probe), None, Box::new(clock))
+    }
+
+    /// A gate whose capacity answers come with a tier probe's (the C ABI's
+    /// `kvgate_config_set_tier_probe`), on the real monotonic clock.
+    pub(crate) fn with_tier_probe(
+        config: Config,
+        probe: impl Probe + 'static,
+        tier_probe: Option<Box<dyn TierProbe>>,
+    ) -> Result<Self, ConfigError> {
+        Self::with_parts(
+            config,
+            Box::new(probe),
+            tier_probe,
+            Box::new(MonotonicClock::new()),
+        )
+    }
+
+    fn with_parts(
+        config: Config,
+        probe: Box<dyn Probe>,
+        tier_probe: Option<Box<dyn TierProbe>>,
+        clock: Box<dyn Clock>,
+    ) -> Result<Self, ConfigError> {
         Ok(Self {
             shared: Arc::new(Shared {
                 core: Core::new(config)?,
                 watch: DeadlineWatch::new(),
-                probe: Box::new(probe),
-                clock: Box::new(clock),
+                probe,
+                tier_probe,
+                clock,
             }),
         })
+    }
+
+    /// The sans-IO core this gate drives (the C ABI checks answers and
+    /// counts refusals against it).
+    pub(crate) fn core(&self) -> &Core {
+        &self.shared.core
     }
 
     /// Blocks until the turn of `session` carrying `prompt` is admitted.

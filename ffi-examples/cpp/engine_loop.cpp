@@ -538,6 +538,39 @@ void raii_attempt() {
                 kvgate_status_str(late.status()));
 }
 
+// The engine's host tier: a refused answer throws and changes nothing
+// (the attempt answers again), a refused tier report keeps the lease held
+// (it releases again), and the gate counts both refusals.
+void tier() {
+    kvgate::Gate gate{kvgate::Config{}};
+    kvgate::Waker waker;
+    kvgate::Attempt a = gate.begin("agent-tier", 100, waker, 1);
+    // A tier smaller than the GPU cache, then a reload rate that is no rate.
+    CHECK_THROWS(a.answer_usage(0.1, {1000, 16, 0.0, 500, 1e5}), KVGATE_INVALID_ARGUMENT,
+                 "smaller than the GPU cache");
+    CHECK_THROWS(a.answer_usage(0.1, {1000, 16, 0.0, 4000, -1.0}), KVGATE_INVALID_ARGUMENT,
+                 "reload rate");
+    CHECK(a.kind() == KVGATE_STEP_PROBE_USAGE);
+    a.answer_usage(0.1, {1000, 16, 0.0, 4000, 1e5});
+    CHECK(a.kind() == KVGATE_STEP_ADMITTED);
+    kvgate::Lease lease = a.take_lease();
+    CHECK(lease.release_with_tier_report(100, 10, 101) == KVGATE_INVALID_ARGUMENT);
+    CHECK(lease && gate.stats().active_leases == 1);
+    CHECK(lease.release_with_tier_report(100, 10, 60) == KVGATE_OK);
+    CHECK(!lease);
+    // A tier told, then none: refused (a tier is fixed while the engine runs).
+    kvgate::Attempt b = gate.begin("agent-tier", 100, waker, 2);
+    CHECK_THROWS(b.answer_usage(0.1, {1000, 16, 0.0}), KVGATE_INVALID_ARGUMENT, "none now");
+    b.answer_usage(0.1, {1000, 16, 0.0, 4000, 1e5});
+    CHECK(b.kind() == KVGATE_STEP_ADMITTED);
+    kvgate_stats st = gate.stats();
+    CHECK(st.working_set_tier_tokens == 4000 && st.working_set_refused_answers == 4 &&
+          st.working_set_tier_cached_tokens == 60);
+    std::printf("tier: refused answers threw and changed nothing (refused_answers=%llu), "
+                "a refused report kept its lease\n",
+                static_cast<unsigned long long>(st.working_set_refused_answers));
+}
+
 }  // namespace
 
 int main() {
@@ -551,6 +584,7 @@ int main() {
         EngineLoop(working_set).run();
         EngineLoop(reference).run();
         raii_attempt();
+        tier();
     } catch (const kvgate::Error& e) {
         std::fprintf(stderr, "unexpected kvgate::Error: %s\n", e.what());
         return 1;

@@ -245,6 +245,31 @@ public:
         return status;
     }
 
+    /// release_with_report with, of the cached tokens, those the engine's
+    /// host tier served (nullopt: unknown). A report that contradicts
+    /// itself (tier hits over the cached tokens, or with them unknown)
+    /// returns KVGATE_INVALID_ARGUMENT and keeps the lease held: release
+    /// it again. A no-op for an empty Lease. Returns the C status.
+    kvgate_status release_with_tier_report(std::optional<uint64_t> cached_tokens,
+                                           std::optional<uint64_t> output_tokens,
+                                           std::optional<uint64_t> tier_cached_tokens) noexcept {
+        if (admission_.lease == KVGATE_NO_LEASE || !gate_) {
+            return KVGATE_UNKNOWN_LEASE;
+        }
+        auto c_figure = [](std::optional<uint64_t> v) {
+            return v ? static_cast<int64_t>(*v) : int64_t{-1};
+        };
+        kvgate_status status = kvgate_release_with_tier_report(
+            gate_->get(), admission_.lease, c_figure(cached_tokens), c_figure(output_tokens),
+            c_figure(tier_cached_tokens));
+        if (status == KVGATE_INVALID_ARGUMENT) {
+            return status;  // refused: still held
+        }
+        admission_.lease = KVGATE_NO_LEASE;
+        gate_.reset();
+        return status;
+    }
+
     explicit operator bool() const noexcept { return admission_.lease != KVGATE_NO_LEASE; }
     uint64_t handle() const noexcept { return admission_.lease; }
     const kvgate_admission& admission() const noexcept { return admission_; }
@@ -311,11 +336,14 @@ private:
     std::unique_ptr<kvgate_waker, Free> raw_;
 };
 
-/// What the engine says of its KV capacity with a usage answer (0: unknown).
+/// What the engine says of its KV capacity with a usage answer (0: unknown),
+/// and of its host tier of KV (tier_tokens 0: none; all 0: cannot say).
 struct EngineCapacity {
     uint64_t tokens = 0;
     uint32_t block_tokens = 0;
     double prefill_tokens_per_sec = 0.0;
+    uint64_t tier_tokens = 0;
+    double reload_tokens_per_sec = 0.0;
 };
 
 /// An attempt to be admitted, driven by the host's event loop step by step
@@ -359,13 +387,17 @@ public:
     uint64_t until_ns() const noexcept { return step_.until_ns; }
     uint64_t tag() const noexcept { return tag_; }
 
-    /// Answers KVGATE_STEP_PROBE_USAGE (nullopt: unavailable). Throws Error
-    /// (KVGATE_OUT_OF_ORDER) if that is not the step.
+    /// Answers KVGATE_STEP_PROBE_USAGE (nullopt: unavailable), tier
+    /// included (kvgate_attempt_answer_usage_tiered). Throws Error
+    /// (KVGATE_OUT_OF_ORDER) if that is not the step, and Error
+    /// (KVGATE_INVALID_ARGUMENT) for a tier the gate refuses: then nothing
+    /// changed, and the attempt still waits for its usage answer.
     const kvgate_step& answer_usage(std::optional<double> usage, EngineCapacity capacity = {}) {
         kvgate_step next{};
-        detail::check(kvgate_attempt_answer_usage(
+        detail::check(kvgate_attempt_answer_usage_tiered(
             raw_, usage ? *usage : std::numeric_limits<double>::quiet_NaN(), capacity.tokens,
-            capacity.block_tokens, capacity.prefill_tokens_per_sec, &next));
+            capacity.block_tokens, capacity.prefill_tokens_per_sec, capacity.tier_tokens,
+            capacity.reload_tokens_per_sec, &next));
         return advance(next);
     }
 

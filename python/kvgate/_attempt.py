@@ -122,14 +122,26 @@ class Attempt:
         return self._raw
 
     def answer_usage(self, usage: Optional[float], capacity: Optional[Capacity] = None) -> StepKind:
+        """Answers PROBE_USAGE with the usage (None: unavailable) and the
+        capacity, host tier included (``kvgate_attempt_answer_usage_tiered``;
+        None: the engine cannot say). A capacity the gate refuses (a tier
+        smaller than the GPU capacity, a reload rate that is not finite and
+        > 0, no tier after a tier was told, a negative figure) raises
+        ValueError with the library's message; nothing changed then, and the
+        attempt still waits for its usage answer."""
         cap = capacity or Capacity()
-        check(
-            self._lib.kvgate_attempt_answer_usage(
-                self._live(), math.nan if usage is None else float(usage),
-                int(cap.tokens), int(cap.block_tokens), float(cap.prefill_tokens_per_sec),
-                byref(self._step),
-            )
+        for name in ("tokens", "block_tokens", "tier_tokens"):
+            if int(getattr(cap, name)) < 0:
+                raise ValueError(f"Capacity.{name} is negative: {getattr(cap, name)}")
+        status = self._lib.kvgate_attempt_answer_usage_tiered(
+            self._live(), math.nan if usage is None else float(usage),
+            int(cap.tokens), int(cap.block_tokens), float(cap.prefill_tokens_per_sec),
+            int(cap.tier_tokens), float(cap.reload_tokens_per_sec),
+            byref(self._step),
         )
+        if status == Status.INVALID_ARGUMENT:
+            raise ValueError(_ffi.last_error())
+        check(status)
         return StepKind(self._step.kind)
 
     def answer_prefix(self, hit_ratio: Optional[float]) -> StepKind:

@@ -64,11 +64,22 @@ class Config:
 
 
 class Capacity(NamedTuple):
-    """What the capacity probe answers (``kvgate_capacity_fn``); 0 = unknown."""
+    """What the capacity probe answers (``kvgate_capacity_fn``); 0 = unknown.
+
+    ``tier_tokens`` and ``reload_tokens_per_sec``: the engine's host tier of
+    KV (``kvgate_tier_fn``: vLLM's ``--kv-offloading-size`` over the KV
+    bytes per token, and the host-to-device copy rate in tokens/s);
+    ``tier_tokens`` 0 means the engine has no tier. An answer whose every
+    figure is 0 says the engine cannot say (a tier told earlier is kept);
+    one with a figure and no tier, after a tier was told, is refused. A
+    refused answer makes the acquire raise ValueError (see
+    ``Attempt.answer_usage``)."""
 
     tokens: int = 0
     block_tokens: int = 0
     prefill_tokens_per_sec: float = 0.0
+    tier_tokens: int = 0
+    reload_tokens_per_sec: float = 0.0
 
 
 UsageProbe = Callable[[bytes], MaybeAwaitable]
@@ -84,8 +95,11 @@ class Probes:
     the ``kvgate`` logger), as a C probe returning false would.
 
     - ``usage(session) -> float | None``: KV-cache usage in [0, 1].
-    - ``capacity(session) -> Capacity | (tokens, block_tokens, prefill/s) | None``:
-      asked with every usage probe in working-set mode.
+    - ``capacity(session) -> Capacity | (tokens, block_tokens, prefill/s
+      [, tier_tokens, reload/s]) | None``: asked with every usage probe in
+      working-set mode. A tier the gate refuses (smaller than the GPU
+      capacity, a reload rate not finite and > 0, none after one was told)
+      ends the acquire with ValueError.
     - ``prefix(session, prompt_ids) -> float | None``: resident fraction of
       the prompt (reference mode, under pressure). Not called when the turn
       was given as a prompt length only (then it is unavailable).

@@ -204,7 +204,8 @@ class kvgate_stats(Structure):
             "working_set_window_sec working_set_parked admissions_running_cold_pays "
             "working_set_holding longest_wait_sec working_set_horizon_turns "
             "working_set_prefill_share admissions_engine_idle working_set_idle_sec "
-            "working_set_reprefill_sec"
+            "working_set_reprefill_sec working_set_tier_tokens working_set_refused_answers "
+            "working_set_tier_cached_tokens"
         ).split()
     ]
 
@@ -233,12 +234,14 @@ kvgate_prefix_fn = CFUNCTYPE(
 kvgate_capacity_fn = CFUNCTYPE(
     c_bool, c_void_p, u8_buf, c_size_t, POINTER(c_uint64), POINTER(c_uint32), POINTER(c_double)
 )
+kvgate_tier_fn = CFUNCTYPE(c_bool, c_void_p, u8_buf, c_size_t, POINTER(c_uint64), POINTER(c_double))
 kvgate_wake_fn = CFUNCTYPE(None, c_void_p, c_uint64)
 
 CALLBACKS = {
     "kvgate_usage_fn": kvgate_usage_fn,
     "kvgate_prefix_fn": kvgate_prefix_fn,
     "kvgate_capacity_fn": kvgate_capacity_fn,
+    "kvgate_tier_fn": kvgate_tier_fn,
     "kvgate_wake_fn": kvgate_wake_fn,
 }
 
@@ -266,6 +269,7 @@ FUNCTIONS = {
     "kvgate_config_set_session_retention_sec": (c_status, [config_p, c_double]),
     "kvgate_config_set_probes": (c_status, [config_p, kvgate_usage_fn, kvgate_prefix_fn, c_void_p]),
     "kvgate_config_set_capacity_probe": (c_status, [config_p, kvgate_capacity_fn]),
+    "kvgate_config_set_tier_probe": (c_status, [config_p, kvgate_tier_fn]),
     "kvgate_config_set_admission_mode": (c_status, [config_p, c_uint32]),
     "kvgate_new": (c_status, [config_p, POINTER(gate_p)]),
     "kvgate_free": (None, [gate_p]),
@@ -276,6 +280,7 @@ FUNCTIONS = {
     ),
     "kvgate_release": (c_status, [gate_p, c_uint64]),
     "kvgate_release_with_report": (c_status, [gate_p, c_uint64, c_int64, c_int64]),
+    "kvgate_release_with_tier_report": (c_status, [gate_p, c_uint64, c_int64, c_int64, c_int64]),
     "kvgate_finish_session": (
         c_status,
         [gate_p, u8_buf, c_size_t, POINTER(kvgate_session_stats), c_size_t],
@@ -306,6 +311,10 @@ FUNCTIONS = {
     "kvgate_attempt_answer_usage": (
         c_status,
         [attempt_p, c_double, c_uint64, c_uint32, c_double, step_p],
+    ),
+    "kvgate_attempt_answer_usage_tiered": (
+        c_status,
+        [attempt_p, c_double, c_uint64, c_uint32, c_double, c_uint64, c_double, step_p],
     ),
     "kvgate_attempt_answer_prefix": (c_status, [attempt_p, c_double, step_p]),
     "kvgate_attempt_wake": (c_status, [attempt_p, step_p]),

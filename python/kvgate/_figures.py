@@ -56,6 +56,12 @@ class Stats:
     admissions_engine_idle: int
     working_set_idle_sec: float
     working_set_reprefill_sec: float
+    #: Gauge: the engine's host tier of KV, tokens (0: none told).
+    working_set_tier_tokens: int = 0
+    #: Engine answers and turn reports whose tier figures were refused.
+    working_set_refused_answers: int = 0
+    #: Cached tokens that turn reports said the host tier served, summed.
+    working_set_tier_cached_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -303,14 +303,18 @@ class Gate:
 
     # -- the rest of the C API -------------------------------------------------
 
-    def _release(self, handle: int, cached: int, output: int) -> bool:
+    def _release(self, handle: int, cached: int, output: int, tier_cached: int = -1) -> bool:
+        """Releases with a report (negative figures: unknown). Raises
+        ValueError, the lease still held, for a report the library refuses."""
         try:
             with self._use() as g:
-                status = self._lib.kvgate_release_with_report(g, handle, cached, output)
+                status = self._lib.kvgate_release_with_tier_report(g, handle, cached, output, tier_cached)
         except Closed:
             return False  # the close released it
         if status == Status.UNKNOWN_LEASE:
             return False
+        if status == Status.INVALID_ARGUMENT:
+            raise ValueError(_ffi.last_error())
         check(status)
         try:
             driver = self._drivers.get(asyncio.get_running_loop())

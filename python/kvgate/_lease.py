@@ -48,19 +48,35 @@ class Lease:
     def released(self) -> bool:
         return self._released
 
-    def release(self, cached_tokens: Optional[int] = None, output_tokens: Optional[int] = None) -> bool:
+    def release(
+        self,
+        cached_tokens: Optional[int] = None,
+        output_tokens: Optional[int] = None,
+        tier_cached_tokens: Optional[int] = None,
+    ) -> bool:
         """Releases the lease with what the engine reported of the turn (the
-        prompt tokens served from its prefix cache, the tokens generated;
-        None = unknown). True if this call released it; False if it was
-        released already (by an earlier call, or by Gate.close)."""
+        prompt tokens served from its prefix cache, the tokens generated,
+        and of the cached ones those its host tier served; None = unknown).
+        True if this call released it; False if it was released already (by
+        an earlier call, or by Gate.close).
+
+        A report that contradicts itself (``tier_cached_tokens`` above
+        ``cached_tokens``, or given with ``cached_tokens`` None) raises
+        ValueError with the library's message and releases nothing: the
+        lease is still held, release it again."""
         if self._released:
             return False
         self._released = True
-        return self.gate._release(
-            self.handle,
-            -1 if cached_tokens is None else int(cached_tokens),
-            -1 if output_tokens is None else int(output_tokens),
-        )
+        try:
+            return self.gate._release(
+                self.handle,
+                -1 if cached_tokens is None else int(cached_tokens),
+                -1 if output_tokens is None else int(output_tokens),
+                -1 if tier_cached_tokens is None else int(tier_cached_tokens),
+            )
+        except ValueError:
+            self._released = False  # refused: still held
+            raise
 
     def __enter__(self) -> "Lease":
         return self

@@ -86,6 +86,10 @@ pub(crate) struct Ledger {
     set: Mutex<WorkingSet<SessionId>>,
     /// `WorkingSet::next_deadline` as of the last change, or [`NEVER`].
     deadline: AtomicU64,
+    /// Engine answers and turn reports a surface refused before they
+    /// reached the set ([`Ledger::count_refused`]); added to the set's own
+    /// `refused_answers` in [`Ledger::stats`].
+    refused_outside: AtomicU64,
 }
 
 impl Ledger {
@@ -93,6 +97,7 @@ impl Ledger {
         Self {
             set: Mutex::new(set),
             deadline: AtomicU64::new(NEVER),
+            refused_outside: AtomicU64::new(0),
         }
     }
 
@@ -206,7 +211,14 @@ impl Ledger {
     }
 
     pub(crate) fn stats(&self) -> WorkingSetStats {
-        self.set.lock().stats()
+        let mut stats = self.set.lock().stats();
+        stats.refused_answers += self.refused_outside.load(Ordering::Relaxed);
+        stats
+    }
+
+    /// Counts an answer or report refused before it reached the set.
+    pub(crate) fn count_refused(&self) {
+        self.refused_outside.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether an engine answer is consistent with the earlier ones

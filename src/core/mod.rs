@@ -664,6 +664,17 @@ impl Core {
             .map_or(Ok(()), |l| l.check_engine(engine, says_tier))
     }
 
+    /// Counts, in [`WorkingSetStats::refused_answers`], an engine answer or
+    /// turn report that a surface refused itself before it reached the
+    /// working set (one [`Core::check_engine_answer`] refused, or a
+    /// [`working_set::TierError`] its host's figures made), so that every
+    /// refusal shows in one figure. A no-op in reference mode.
+    pub fn count_refused_answer(&self) {
+        if let Some(ledger) = self.working_set() {
+            ledger.count_refused();
+        }
+    }
+
     /// The working set's figures, in working-set admission.
     pub fn working_set_stats(&self) -> Option<WorkingSetStats> {
         self.working_set().map(Ledger::stats)

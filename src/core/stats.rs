@@ -393,7 +393,7 @@ impl GateStats {
             family(name, kind, help, &[("", value)]);
         }
         let w = &self.working_set;
-        let working_set: [(&str, &str, &str, f64); 9] = [
+        let working_set: [(&str, &str, &str, f64); 12] = [
             (
                 "working_set_sessions",
                 "gauge",
@@ -447,6 +447,24 @@ impl GateStats {
                 "gauge",
                 "How many turns ahead a joining session must still fit beside the members (the turns a session runs in a refill window).",
                 f64::from(w.horizon_turns),
+            ),
+            (
+                "working_set_tier_tokens",
+                "gauge",
+                "The engine's host tier of KV (offloaded to host memory), tokens (0: none told).",
+                w.tier_tokens as f64,
+            ),
+            (
+                "refused_answers_total",
+                "counter",
+                "Engine answers and turn reports whose tier figures were refused (each kept what was known).",
+                w.refused_answers as f64,
+            ),
+            (
+                "tier_cached_tokens_total",
+                "counter",
+                "Cached tokens that turn reports said the host tier served.",
+                w.tier_cached_tokens as f64,
             ),
         ];
         for (name, kind, help, value) in working_set {

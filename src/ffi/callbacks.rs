@@ -3,7 +3,8 @@
 
 use std::ffi::c_void;
 
-use crate::{EngineCapacity, Probe};
+use crate::gate::TierProbe;
+use crate::{EngineCapacity, KvTier, Probe};
 
 /// The usage probe (NULL: always unavailable). Asks the engine for its
 /// KV-cache usage as seen by the replica serving a session: writes a
@@ -76,11 +77,42 @@ pub type kvgate_capacity_fn = Option<
     ) -> bool,
 >;
 
+/// The tier probe (`kvgate_config_set_tier_probe`; NULL: the engine has
+/// no host tier). Asks the engine serving `session_id` for its host tier of
+/// KV (vLLM's `--kv-offloading-size`, LMCache, SGLang's HiCache): writes
+/// the tokens of KV the tier holds to `*out_tier_tokens` and the tokens per
+/// second the engine copies back from it into GPU memory to
+/// `*out_reload_tokens_per_sec`, and returns true. Returning false, or
+/// true with `*out_tier_tokens` 0, says the engine has no tier.
+///
+/// Asked right after the capacity probe (with every usage probe, in
+/// working-set mode only; not once the gate was closed or freed meanwhile,
+/// e.g. by the capacity probe). Same threading and `user_data` contract as
+/// `kvgate_usage_fn`.
+///
+/// A tier is part of the engine's configuration. Nobody can be told of a
+/// refused answer here, so an answer the gate refuses is ignored whole
+/// (the capacity answered with it too, as if the engine had not answered:
+/// the gate keeps the capacity and tier it knew) and counted in
+/// `kvgate_stats.working_set_refused_answers`. Refused: a reload rate that
+/// is not finite and > 0; a tier smaller than the GPU capacity (this
+/// answer's, or the one known); no tier after a tier was told.
+pub type kvgate_tier_fn = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        session_id: *const u8,
+        session_id_len: usize,
+        out_tier_tokens: *mut u64,
+        out_reload_tokens_per_sec: *mut f64,
+    ) -> bool,
+>;
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ProbeFns {
     pub(crate) usage: kvgate_usage_fn,
     pub(crate) prefix: kvgate_prefix_fn,
     pub(crate) capacity: kvgate_capacity_fn,
+    pub(crate) tier: kvgate_tier_fn,
     pub(crate) user_data: *mut c_void,
 }
 
@@ -90,6 +122,7 @@ impl Default for ProbeFns {
             usage: None,
             prefix: None,
             capacity: None,
+            tier: None,
             user_data: std::ptr::null_mut(),
         }
     }
@@ -161,6 +194,53 @@ impl Probe for CProbes {
     }
 }
 
+/// The tier probe of [`ProbeFns`] as the gate asks it.
+#[derive(Debug)]
+pub(crate) struct CTierProbe {
+    tier: unsafe extern "C" fn(*mut c_void, *const u8, usize, *mut u64, *mut f64) -> bool,
+    user_data: *mut c_void,
+}
+
+impl CTierProbe {
+    /// The tier probe of `probes`, if one was set.
+    pub(crate) fn new(probes: ProbeFns) -> Option<Self> {
+        probes.tier.map(|tier| Self {
+            tier,
+            user_data: probes.user_data,
+        })
+    }
+}
+
+// SAFETY: as for `CProbes`: the pointers only go back to the host's
+// function, callable from any thread with this `user_data` (the header's
+// contract) until `kvgate_free` returns.
+unsafe impl Send for CTierProbe {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for CTierProbe {}
+
+impl TierProbe for CTierProbe {
+    fn kv_tier(&self, session: &[u8]) -> Option<KvTier> {
+        let (mut tokens, mut rate) = (0u64, f64::NAN);
+        // SAFETY: the host's function with its own `user_data`, a session
+        // slice valid for the call and two writable outputs (the header's contract).
+        let ok = unsafe {
+            (self.tier)(
+                self.user_data,
+                session.as_ptr(),
+                session.len(),
+                &mut tokens,
+                &mut rate,
+            )
+        };
+        // Unchecked on purpose: the gate checks the tier against what it
+        // knows, and counts a refusal (`Shared::with_tier`).
+        (ok && tokens > 0).then_some(KvTier {
+            tokens,
+            reload_tokens_per_sec: rate,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +276,7 @@ mod tests {
             usage: Some(usage_from_user_data),
             prefix: Some(prefix_says_true_writes_nothing),
             capacity: None,
+            tier: None,
             user_data: (&mut base as *mut f64).cast(),
         });
         assert_eq!(probes.kv_cache_usage(b"ab"), Some(2.25));

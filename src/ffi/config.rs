@@ -5,7 +5,9 @@
 //! `Config::duration_from_secs`): a setter applies the value to a copy,
 //! validates the copy, and keeps it only if it is valid.
 
-use super::callbacks::{kvgate_capacity_fn, kvgate_prefix_fn, kvgate_usage_fn, ProbeFns};
+use super::callbacks::{
+    kvgate_capacity_fn, kvgate_prefix_fn, kvgate_tier_fn, kvgate_usage_fn, ProbeFns,
+};
 use super::error::Failure;
 use super::handles::{self, kvgate_config};
 use super::panic::{ffi_boundary, ffi_status};
@@ -246,6 +248,31 @@ pub unsafe extern "C" fn kvgate_config_set_capacity_probe(
         // SAFETY: forwarded (caller).
         let builder = unsafe { handles::config_mut(config, "config") }?;
         builder.probes.capacity = capacity;
+        Ok(())
+    })
+}
+
+/// Sets the tier probe (`kvgate_tier_fn`), called with the `user_data` of
+/// `kvgate_config_set_probes`, right after the capacity probe. NULL (the
+/// default) means the engine has no host tier, as for a probe that always
+/// returns false. `kvgate_new` copies it with the other probes. Hosts that
+/// drive attempts themselves tell the tier with
+/// `kvgate_attempt_answer_usage_tiered` instead.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `config`.
+///
+/// # Safety
+/// `config` is NULL or a live builder not used by another thread meanwhile;
+/// the probe obeys the contract of `kvgate_tier_fn`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_config_set_tier_probe(
+    config: *mut kvgate_config,
+    tier: kvgate_tier_fn,
+) -> kvgate_status {
+    ffi_status("kvgate_config_set_tier_probe", || {
+        // SAFETY: forwarded (caller).
+        let builder = unsafe { handles::config_mut(config, "config") }?;
+        builder.probes.tier = tier;
         Ok(())
     })
 }

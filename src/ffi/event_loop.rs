@@ -29,10 +29,10 @@ use super::handles::{self, kvgate_attempt, kvgate_gate, kvgate_waker};
 use super::panic::{ffi_boundary, ffi_status};
 use super::status::{kvgate_reason, kvgate_status};
 use super::waker::{kvgate_wake_fn, TagNotifier, Waker};
-use crate::core::{Attempt, Step, StepError};
+use crate::core::{Attempt, Core, Step, StepError};
 use crate::gate::{GateCore, TurnPrompt};
 use crate::sync::{Arc, Mutex};
-use crate::EngineCapacity;
+use crate::{EngineCapacity, KvTier, TierError};
 
 /// What an event-loop attempt asks its host to do next
 /// (`kvgate_step.kind`).
@@ -128,9 +128,12 @@ impl AttemptHandle {
     fn step(
         &self,
         function: &'static str,
+        check: impl FnOnce(&Core) -> Result<(), Failure>,
         f: impl FnOnce(&mut Attempt<GateCore>, u64) -> Result<Step, StepError>,
     ) -> Result<kvgate_step, Failure> {
         let mut attempt = self.attempt.lock();
+        // Under the attempt's lock, before the step: a refusal changes nothing.
+        check(attempt.core())?;
         let now = self.gate.gate.now_ns();
         let step = f(&mut attempt, now).map_err(|err| out_of_order(function, &attempt, err))?;
         Ok(self.c_step(attempt.session_id(), step, now))
@@ -517,6 +520,12 @@ fn begin(
 /// `KVGATE_STEP_PROBE_USAGE` (nothing changes), `KVGATE_INVALID_ARGUMENT`
 /// for a NULL pointer. Thread-safe (steps of one attempt are serialised).
 ///
+/// It says nothing of a host tier: a tier told earlier (by
+/// `kvgate_attempt_answer_usage_tiered` or the tier probe) is kept. A host
+/// whose engine may have a tier answers with
+/// `kvgate_attempt_answer_usage_tiered`, which also catches a tier that
+/// disappears.
+///
 /// # Safety
 /// `attempt` is NULL or a live attempt; `out_step` is NULL or writable.
 #[unsafe(no_mangle)]
@@ -537,8 +546,78 @@ pub unsafe extern "C" fn kvgate_attempt_answer_usage(
             "kvgate_attempt_answer_usage",
             attempt,
             out_step,
+            no_check,
             |a, now| a.on_cache_state(answer(usage), capacity, now),
         )
+    }
+}
+
+/// `kvgate_attempt_answer_usage` from a host that speaks of host tiers of
+/// KV (vLLM's `--kv-offloading-size`, LMCache, SGLang's HiCache): with the
+/// capacity, the engine's tier as `kvgate_tier_fn` answers it, its tokens
+/// (`tier_tokens`, 0: the engine has no tier) and the tokens per second the
+/// engine copies back from it into GPU memory (`reload_tokens_per_sec`,
+/// read only with a tier). All of `capacity_tokens`, `block_tokens`,
+/// `prefill_tokens_per_sec` and `tier_tokens` 0 means the engine cannot
+/// say: the answer then says nothing of a tier either, like
+/// `kvgate_attempt_answer_usage` (which keeps the tier told earlier).
+///
+/// Refused with `KVGATE_INVALID_ARGUMENT` (`kvgate_last_error` says why):
+/// a reload rate that is not finite and > 0 with a tier; a tier smaller
+/// than the GPU capacity (this answer's, or the one the gate knows); no
+/// tier (`tier_tokens` 0 with some other figure) after a tier was told: a
+/// tier is part of the engine's configuration. A refused answer changes
+/// nothing: the attempt stays at its `KVGATE_STEP_PROBE_USAGE` step, so the
+/// host answers again, `*out_step` is not written, the gate keeps what it
+/// knew. The refusal is counted in
+/// `kvgate_stats.working_set_refused_answers` (working-set mode; reference
+/// mode, which reads no capacity, refuses only an answer inconsistent in
+/// itself, and counts nothing).
+///
+/// Other statuses as `kvgate_attempt_answer_usage`; an answer that is
+/// refused is refused whatever the attempt's step.
+///
+/// # Safety
+/// `attempt` is NULL or a live attempt; `out_step` is NULL or writable.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // the C signature: one value per argument
+pub unsafe extern "C" fn kvgate_attempt_answer_usage_tiered(
+    attempt: *mut kvgate_attempt,
+    usage: f64,
+    capacity_tokens: u64,
+    block_tokens: u32,
+    prefill_tokens_per_sec: f64,
+    tier_tokens: u64,
+    reload_tokens_per_sec: f64,
+    out_step: *mut kvgate_step,
+) -> kvgate_status {
+    let function = "kvgate_attempt_answer_usage_tiered";
+    let capacity = EngineCapacity::new(capacity_tokens, block_tokens, prefill_tokens_per_sec);
+    // `Ok(None)`: the engine cannot say. Else the answer, and whether it
+    // says "no tier" (then checked against a tier told earlier).
+    let answer: Result<Option<EngineCapacity>, TierError> = if tier_tokens == 0 {
+        Ok((capacity != EngineCapacity::default()).then_some(capacity))
+    } else {
+        KvTier::new(tier_tokens, reload_tokens_per_sec)
+            .and_then(|tier| capacity.with_tier(tier))
+            .map(Some)
+    };
+    let check = |core: &Core| {
+        let answer = answer.and_then(|a| match a {
+            Some(c) => core.check_engine_answer(&c, true),
+            None => Ok(()),
+        });
+        answer.map_err(|err| {
+            core.count_refused_answer();
+            Failure::invalid(err.to_string())
+        })
+    };
+    let capacity = answer.ok().flatten();
+    // SAFETY: forwarded (caller).
+    unsafe {
+        drive(function, attempt, out_step, check, |a, now| {
+            a.on_cache_state(self::answer(usage), capacity, now)
+        })
     }
 }
 
@@ -560,6 +639,7 @@ pub unsafe extern "C" fn kvgate_attempt_answer_prefix(
             "kvgate_attempt_answer_prefix",
             attempt,
             out_step,
+            no_check,
             |a, now| a.on_prefix(answer(hit_ratio), now),
         )
     }
@@ -579,13 +659,22 @@ pub unsafe extern "C" fn kvgate_attempt_wake(
 ) -> kvgate_status {
     // SAFETY: forwarded (caller).
     unsafe {
-        drive("kvgate_attempt_wake", attempt, out_step, |a, now| {
-            a.on_wake(now)
-        })
+        drive(
+            "kvgate_attempt_wake",
+            attempt,
+            out_step,
+            no_check,
+            |a, now| a.on_wake(now),
+        )
     }
 }
 
-/// The body the three step exports share: both pointers checked, one step
+/// The check of an answer that has nothing to refuse.
+fn no_check(_: &Core) -> Result<(), Failure> {
+    Ok(())
+}
+
+/// The body the step exports share: both pointers checked, one step
 /// of the attempt, the next step written to `*out_step`.
 ///
 /// # Safety
@@ -594,6 +683,7 @@ unsafe fn drive(
     function: &'static str,
     attempt: *mut kvgate_attempt,
     out_step: *mut kvgate_step,
+    check: impl FnOnce(&Core) -> Result<(), Failure>,
     f: impl FnOnce(&mut Attempt<GateCore>, u64) -> Result<Step, StepError>,
 ) -> kvgate_status {
     ffi_status(function, || {
@@ -604,7 +694,7 @@ unsafe fn drive(
                 handles::out_arg(out_step, "out_step")?,
             )
         };
-        out.write(handle.step(function, f)?);
+        out.write(handle.step(function, check, f)?);
         Ok(())
     })
 }

@@ -4,7 +4,7 @@
 use std::mem::size_of;
 use std::time::Duration;
 
-use super::callbacks::CProbes;
+use super::callbacks::{CProbes, CTierProbe};
 use super::error::{Failure, SessionName};
 use super::gate_handle::GateHandle;
 use super::handles::{self, kvgate_config, kvgate_gate};
@@ -12,6 +12,7 @@ use super::panic::{ffi_boundary, ffi_status};
 use super::stats::kvgate_session_stats;
 use super::status::{kvgate_reason, kvgate_status};
 use crate::core::{Admission, LeaseToken};
+use crate::gate::TierProbe;
 use crate::sync::Arc;
 use crate::{AcquireError, Gate, TurnReport};
 
@@ -90,8 +91,12 @@ pub unsafe extern "C" fn kvgate_new(
         let config = unsafe { handles::config_ref(config, "config") }?;
         // SAFETY: as above.
         let out = unsafe { handles::out_arg(out, "out") }?;
-        let gate =
-            Gate::new(config.config.clone(), CProbes::new(config.probes)).map_err(Failure::from)?;
+        let gate = Gate::with_tier_probe(
+            config.config.clone(),
+            CProbes::new(config.probes),
+            CTierProbe::new(config.probes).map(|t| Box::new(t) as Box<dyn TierProbe>),
+        )
+        .map_err(Failure::from)?;
         out.write(handles::gate_into_raw(Arc::new(GateHandle::new(gate))));
         Ok(())
     })
@@ -313,6 +318,50 @@ pub unsafe extern "C" fn kvgate_release_with_report(
     let report = TurnReport::new(known(cached_tokens), known(output_tokens));
     // SAFETY: forwarded (caller).
     unsafe { release_reporting("kvgate_release_with_report", gate, lease, report) }
+}
+
+/// `kvgate_release_with_report` with, of the turn's `cached_tokens`, those
+/// the engine copied back from its host tier (`tier_cached_tokens`; the
+/// rest came from GPU memory). Negative means unknown, as for the other
+/// two figures.
+///
+/// A report that contradicts itself is refused before anything else:
+/// `tier_cached_tokens` greater than `cached_tokens`, or tier hits
+/// (`tier_cached_tokens >= 0`) with `cached_tokens` unknown (negative).
+/// Then it returns `KVGATE_INVALID_ARGUMENT`, `kvgate_last_error` says
+/// why, and nothing changes: the lease is still held and valid, and the
+/// host releases it again (with a consistent report, or plain
+/// `kvgate_release`). The refusal is counted in
+/// `kvgate_stats.working_set_refused_answers` (working-set mode). Other
+/// statuses and thread-safety as `kvgate_release`.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_release_with_tier_report(
+    gate: *mut kvgate_gate,
+    lease: u64,
+    cached_tokens: i64,
+    output_tokens: i64,
+    tier_cached_tokens: i64,
+) -> kvgate_status {
+    let function = "kvgate_release_with_tier_report";
+    let known = |n: i64| u64::try_from(n).ok();
+    let report = TurnReport::new(known(cached_tokens), known(output_tokens));
+    let report = match known(tier_cached_tokens) {
+        None => Ok(report),
+        Some(tier) => report.with_tier_cached(tier),
+    };
+    match report {
+        // SAFETY: forwarded (caller).
+        Ok(report) => unsafe { release_reporting(function, gate, lease, report) },
+        Err(err) => ffi_status(function, || {
+            // SAFETY: forwarded (caller).
+            let handle = unsafe { handles::gate_ref(gate, "gate") }?;
+            handle.gate.core().count_refused_answer();
+            Err(Failure::invalid(err.to_string()))
+        }),
+    }
 }
 
 /// # Safety

@@ -58,27 +58,29 @@ mod leases;
 mod panic;
 mod waker;
 
-pub use callbacks::{kvgate_capacity_fn, kvgate_prefix_fn, kvgate_usage_fn};
+pub use callbacks::{kvgate_capacity_fn, kvgate_prefix_fn, kvgate_tier_fn, kvgate_usage_fn};
 pub use config::{
     kvgate_admission_mode, kvgate_config_free, kvgate_config_new, kvgate_config_set_admission_mode,
     kvgate_config_set_capacity_probe, kvgate_config_set_high_watermark,
     kvgate_config_set_hit_threshold, kvgate_config_set_idle_grace_sec, kvgate_config_set_probes,
-    kvgate_config_set_session_retention_sec, kvgate_config_set_wait_poll_sec,
+    kvgate_config_set_session_retention_sec, kvgate_config_set_tier_probe,
+    kvgate_config_set_wait_poll_sec,
 };
 pub use error::kvgate_last_error;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use event_loop::waker_is_rung_for_models;
 pub use event_loop::{
-    kvgate_attempt_answer_prefix, kvgate_attempt_answer_usage, kvgate_attempt_begin,
-    kvgate_attempt_begin_with_prompt, kvgate_attempt_cancel, kvgate_attempt_free,
-    kvgate_attempt_wake, kvgate_now_ns, kvgate_step, kvgate_step_kind, kvgate_tick,
-    kvgate_waker_drain, kvgate_waker_fd, kvgate_waker_free, kvgate_waker_new,
+    kvgate_attempt_answer_prefix, kvgate_attempt_answer_usage, kvgate_attempt_answer_usage_tiered,
+    kvgate_attempt_begin, kvgate_attempt_begin_with_prompt, kvgate_attempt_cancel,
+    kvgate_attempt_free, kvgate_attempt_wake, kvgate_now_ns, kvgate_step, kvgate_step_kind,
+    kvgate_tick, kvgate_waker_drain, kvgate_waker_fd, kvgate_waker_free, kvgate_waker_new,
     kvgate_waker_new_callback,
 };
 pub use gate::{
     kvgate_acquire, kvgate_admission, kvgate_cancel_session, kvgate_close, kvgate_finish_session,
-    kvgate_free, kvgate_new, kvgate_release, kvgate_release_with_report, KVGATE_NO_LEASE,
+    kvgate_free, kvgate_new, kvgate_release, kvgate_release_with_report,
+    kvgate_release_with_tier_report, KVGATE_NO_LEASE,
 };
 pub use handles::{kvgate_attempt, kvgate_config, kvgate_gate, kvgate_waker};
 pub use stats::{

@@ -124,6 +124,20 @@ pub struct kvgate_stats {
     pub working_set_idle_sec: f64,
     /// Retired, always 0 (it fed the removed `engine_idle` rule).
     pub working_set_reprefill_sec: f64,
+    /// Gauge: the engine's host tier of KV, tokens, as told by
+    /// `kvgate_attempt_answer_usage_tiered` or the tier probe (0: none
+    /// told, and in reference mode).
+    pub working_set_tier_tokens: u64,
+    /// Engine answers and turn reports whose tier figures the gate
+    /// refused (a tier smaller than the GPU cache, a reload rate that is
+    /// not finite and > 0, a tier that disappeared, tier hits over the
+    /// turn's cached tokens): those a call refused with
+    /// `KVGATE_INVALID_ARGUMENT` and those the tier probe answered, which
+    /// were ignored. Each kept what the gate knew. 0 in reference mode.
+    pub working_set_refused_answers: u64,
+    /// Cached tokens that turn reports (`kvgate_release_with_tier_report`)
+    /// said the host tier served, summed (0 in reference mode).
+    pub working_set_tier_cached_tokens: u64,
 }
 
 impl From<&GateStats> for kvgate_stats {
@@ -179,6 +193,9 @@ impl From<&GateStats> for kvgate_stats {
             admissions_engine_idle: engine_idle,
             working_set_idle_sec: 0.0,
             working_set_reprefill_sec: 0.0,
+            working_set_tier_tokens: w.tier_tokens,
+            working_set_refused_answers: w.refused_answers,
+            working_set_tier_cached_tokens: w.tier_cached_tokens,
         }
     }
 }
