@@ -9,14 +9,151 @@ count, reported when the turn's lease is released (`release`:
 `kvgate_release_with_report`). Both the benchmark harness
 (bench/real_engine.py) and the in-server gate (kvgate_vllm.serve) call only
 these functions.
+
+The host tier (an engine that offloads KV to host memory, kvgate_vllm.offload):
+the capacity answer carries `tier_tokens` and `reload_tokens_per_sec`, which
+`accept` checks against the answer known before. The gate refuses (ValueError
+from the acquire) a tier smaller than the GPU cache, a reload rate that is not
+finite and positive, and a tier that is gone after it was told; here such an
+answer is a logged warning that keeps the previous answer (or, with none, this
+one without its tier), so nothing reaches the request path and the gate never
+counts on a tier that is not there. A turn's tier hits are the tokens of its
+cached prefix the engine loaded through its KV connector
+(`PrefillStats.num_external_cached_tokens` of the engine-core output, which
+vLLM 0.32 keeps off the RequestOutput: `install()` carries it there as
+`kvgate_external_cached_tokens`), released as `tier_cached_tokens`, never more
+than the cached tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+import functools
+import inspect
+import logging
+import math
+from typing import Any, NamedTuple, Optional, Union
 
 import kvgate
+
+logger = logging.getLogger("kvgate_vllm.feedback")
+
+#: The RequestOutput attribute `install()` sets: the prompt tokens the engine
+#: loaded through its KV connector when the request was first scheduled.
+EXTERNAL_ATTR = "kvgate_external_cached_tokens"
+_STATE_ATTR = "_kvgate_external_cached_tokens"
+
+
+class EngineAnswer(NamedTuple):
+    """An engine's `kvgate_capacity` answer as the gate's capacity probe
+    reads it. The tier figures stay as the engine sent them until `accept`
+    has checked them (0: no tier)."""
+
+    tokens: int
+    block_tokens: int
+    prefill_tokens_per_sec: float
+    tier_tokens: float = 0
+    reload_tokens_per_sec: float = 0.0
+
+    @property
+    def has_tier(self) -> bool:
+        return self.tier_tokens > 0
+
+
+def answer_of(answer: Optional[dict[str, Any]]) -> Optional[EngineAnswer]:
+    """The EngineAnswer of a `kvgate_capacity` answer (None: unknown)."""
+    if not answer:
+        return None
+    return EngineAnswer(
+        int(answer["capacity_tokens"]),
+        int(answer["block_size"]),
+        float(answer.get("prefill_tokens_per_sec", 0.0)),
+        _number(answer.get("tier_tokens", 0)),
+        _number(answer.get("reload_tokens_per_sec", 0.0)),
+    )
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan  # refused by tier_problem
+
+
+def tier_problem(new: EngineAnswer, known: Optional[EngineAnswer]) -> Optional[str]:
+    """Why the gate would refuse `new`'s tier after `known` (None: it would not)."""
+    tier, rate = new.tier_tokens, new.reload_tokens_per_sec
+    if not math.isfinite(tier) or tier < 0:
+        return f"a tier of {tier!r} tokens is not a size"
+    if tier > 0:
+        if tier < new.tokens:
+            return f"a tier of {tier:.0f} tokens is smaller than the GPU cache ({new.tokens} tokens)"
+        if not math.isfinite(rate) or rate <= 0.0:
+            return f"a reload rate of {rate!r} tokens/s is not finite and positive"
+        return None
+    if known is not None and known.has_tier:
+        return f"the tier of {known.tier_tokens:.0f} tokens the engine told before is gone"
+    return None
+
+
+def accept(
+    new: Optional[EngineAnswer], known: Optional[EngineAnswer], engine: Any = 0
+) -> tuple[Optional[EngineAnswer], Optional[str]]:
+    """(the answer to keep, why `new` was refused or None). A refused answer
+    keeps `known`, or, when nothing is known yet, is kept without its tier:
+    the gate then counts on the GPU cache alone. Logs a warning per refusal."""
+    if new is None:
+        return known, None
+    problem = tier_problem(new, known)
+    if problem is None:
+        return new, None
+    if known is not None:
+        logger.warning("kvgate: engine %s's capacity answer refused (%s): the previous answer is kept", engine, problem)
+        return known, problem
+    logger.warning("kvgate: engine %s's capacity answer refused (%s): its GPU cache is kept, without a tier", engine, problem)
+    return new._replace(tier_tokens=0, reload_tokens_per_sec=0.0), problem
+
+
+@functools.lru_cache(maxsize=None)
+def package_has_tier() -> bool:
+    """Whether the installed `kvgate` package knows the host tier (the
+    Capacity fields and the release's `tier_cached_tokens`)."""
+    fields = getattr(kvgate.Capacity, "_fields", ())
+    try:
+        release = inspect.signature(kvgate.Lease.release).parameters
+    except (TypeError, ValueError):
+        release = {}
+    return "tier_tokens" in fields and "reload_tokens_per_sec" in fields and "tier_cached_tokens" in release
+
+
+_said_no_tier = False
+
+
+def to_capacity(answer: Optional[EngineAnswer]) -> Optional[kvgate.Capacity]:
+    """The kvgate.Capacity of an accepted answer (None: unknown)."""
+    global _said_no_tier
+    if answer is None:
+        return None
+    fields: dict[str, Any] = {
+        "tokens": answer.tokens,
+        "block_tokens": answer.block_tokens,
+        "prefill_tokens_per_sec": answer.prefill_tokens_per_sec,
+    }
+    if answer.has_tier:
+        if package_has_tier():
+            fields["tier_tokens"] = int(answer.tier_tokens)
+            fields["reload_tokens_per_sec"] = float(answer.reload_tokens_per_sec)
+        elif not _said_no_tier:
+            _said_no_tier = True
+            logger.warning("kvgate: the kvgate package predates the host tier: the engine's tier is not told to the gate")
+    return kvgate.Capacity(**fields)
+
+
+def capacity_of(answer: Union[None, dict[str, Any], EngineAnswer]) -> Optional[kvgate.Capacity]:
+    """What the capacity probe answers, from the engine's `kvgate_capacity`
+    answer (None: unknown), with nothing known before it (`accept`)."""
+    parsed = answer if isinstance(answer, EngineAnswer) else answer_of(answer)
+    return to_capacity(accept(parsed, None)[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,23 +164,36 @@ class TurnFigures:
     cached_tokens: int  # RequestOutput.num_cached_tokens
     output_tokens: int
     finished_ok: bool = True  # False: failed or aborted
+    # Of cached_tokens, those the host tier served (None: unknown, or no tier)
+    tier_cached_tokens: Optional[int] = None
 
 
-def figures_of(output: Any, ok: bool = True) -> TurnFigures:
-    """TurnFigures from a vLLM RequestOutput."""
+def figures_of(output: Any, ok: bool = True, tier: bool = False) -> TurnFigures:
+    """TurnFigures from a vLLM RequestOutput. With `tier` (the engine told a
+    host tier), the tokens its connector loaded are the turn's tier hits."""
     prompt = len(output.prompt_token_ids or [])
     generated = sum(len(c.token_ids) for c in output.outputs)
-    return TurnFigures(prompt, int(output.num_cached_tokens or 0), generated, ok)
-
-
-def capacity_of(answer: Optional[dict[str, Any]]) -> Optional[kvgate.Capacity]:
-    """What the capacity probe answers, from the engine's `kvgate_capacity`
-    answer (None: unknown)."""
-    if not answer:
-        return None
-    return kvgate.Capacity(
-        int(answer["capacity_tokens"]), int(answer["block_size"]), float(answer.get("prefill_tokens_per_sec", 0.0))
+    external = getattr(output, EXTERNAL_ATTR, None) if tier else None
+    return TurnFigures(
+        prompt, int(output.num_cached_tokens or 0), generated, ok, None if external is None else int(external)
     )
+
+
+def tier_hits(turn: Optional[TurnFigures]) -> Optional[int]:
+    """The turn's tier hits as released: never more than its cached tokens
+    (a larger figure is clamped, with a warning), None when unknown."""
+    if turn is None or not turn.finished_ok or turn.tier_cached_tokens is None:
+        return None
+    hits = turn.tier_cached_tokens
+    if hits < 0:
+        logger.warning("kvgate: %d tier-cached tokens reported: dropped", hits)
+        return None
+    if hits > turn.cached_tokens:
+        logger.warning(
+            "kvgate: %d tier-cached tokens reported of %d cached: clamped to the cached tokens", hits, turn.cached_tokens
+        )
+        return turn.cached_tokens
+    return hits
 
 
 def release(lease: kvgate.Lease, turn: Optional[TurnFigures]) -> bool:
@@ -52,4 +202,63 @@ def release(lease: kvgate.Lease, turn: Optional[TurnFigures]) -> bool:
     True if this call released it (a second release is a no-op)."""
     if turn is None or not turn.finished_ok:
         return lease.release()
+    hits = tier_hits(turn)
+    if hits is not None and package_has_tier():
+        try:
+            return lease.release(
+                cached_tokens=turn.cached_tokens, output_tokens=turn.output_tokens, tier_cached_tokens=hits
+            )
+        except ValueError as e:  # refused: the lease is still held, released without the tier below
+            logger.warning("kvgate: the gate refused the turn's tier hits (%s): released without them", e)
     return lease.release(cached_tokens=turn.cached_tokens, output_tokens=turn.output_tokens)
+
+
+def _recording(process_outputs: Any) -> Any:
+    if getattr(process_outputs, "_kvgate", False):
+        return process_outputs
+
+    @functools.wraps(process_outputs)
+    def recording(self: Any, engine_core_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        states = self.request_states
+        for out in engine_core_outputs:
+            stats = getattr(out, "prefill_stats", None)
+            if stats is None:
+                continue
+            state = states.get(out.request_id)
+            # As the processor takes num_cached_tokens: at the first prefill output.
+            if state is not None and state.is_prefilling and _STATE_ATTR not in state.__dict__:
+                state.__dict__[_STATE_ATTR] = int(stats.num_external_cached_tokens)
+        return process_outputs(self, engine_core_outputs, *args, **kwargs)
+
+    recording._kvgate = True  # type: ignore[attr-defined]
+    return recording
+
+
+def _carrying(make_request_output: Any) -> Any:
+    if getattr(make_request_output, "_kvgate", False):
+        return make_request_output
+
+    @functools.wraps(make_request_output)
+    def carrying(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = make_request_output(self, *args, **kwargs)
+        external = self.__dict__.get(_STATE_ATTR)
+        if out is not None and external is not None:
+            setattr(out, EXTERNAL_ATTR, external)
+        return out
+
+    carrying._kvgate = True  # type: ignore[attr-defined]
+    return carrying
+
+
+def install() -> None:
+    """Carries each request's connector-loaded prompt tokens onto its
+    RequestOutputs (`EXTERNAL_ATTR`), in the process whose OutputProcessor
+    makes them (the API server, an in-process LLMEngine). Idempotent; a
+    vLLM without the hooks leaves the tier hits unknown, with a log line."""
+    try:
+        from vllm.v1.engine.output_processor import OutputProcessor, RequestState
+    except ImportError as e:
+        logger.info("kvgate: no OutputProcessor (%s): tier hits stay unknown", e)
+        return
+    OutputProcessor.process_outputs = _recording(OutputProcessor.process_outputs)
+    RequestState.make_request_output = _carrying(RequestState.make_request_output)

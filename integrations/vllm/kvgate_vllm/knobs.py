@@ -10,12 +10,15 @@ ABI); `admission_mode` takes a name (`working_set`, the default, or
 
 The plugin's own on/off knobs are environment variables read with `flag`:
 KVGATE_VLLM_REFUSE_NEW (`refuse_new`) answers a turn that would wait HTTP 429
-with Retry-After instead of holding it (kvgate_vllm.serve).
+with Retry-After instead of holding it (kvgate_vllm.serve). The numeric ones
+are read with `number`: KVGATE_VLLM_RELOAD_GBPS (`reload_gbps`), the host tier's
+host-to-device copy rate the capacity probe answers (kvgate_vllm.offload).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Mapping, Optional, Union
 
@@ -85,3 +88,33 @@ def flag(name: str, env: Optional[Mapping[str, str]] = None) -> bool:
 def refuse_new(env: Optional[Mapping[str, str]] = None) -> bool:
     """Whether KVGATE_VLLM_REFUSE_NEW turns the refusal mode on."""
     return flag(REFUSE_NEW_ENV, env)
+
+
+#: The host tier's reload rate, GB/s (10^9 bytes), when the engine measures
+#: none: the rate at which KV copied to host memory comes back to the device.
+#: The capacity probe turns it into tokens/s by the model's KV bytes per token
+#: (kvgate_vllm.offload). The default is the pinned-memory host-to-device
+#: rate measured on an H200; on vLLM's CPU build a reload would be a memory
+#: copy within host memory, so set it to that machine's copy rate there.
+RELOAD_GBPS_ENV = "KVGATE_VLLM_RELOAD_GBPS"
+RELOAD_GBPS_DEFAULT = 55.5
+
+
+def number(name: str, default: float, env: Optional[Mapping[str, str]] = None) -> float:
+    """A positive, finite number from the environment (unset or empty: the
+    default). Anything else raises ValueError, so a typo fails at startup."""
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a number") from None
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"{name}={raw!r}: expected a finite number above 0")
+    return value
+
+
+def reload_gbps(env: Optional[Mapping[str, str]] = None) -> float:
+    """KVGATE_VLLM_RELOAD_GBPS: the host tier's reload rate, GB/s (default 55.5)."""
+    return number(RELOAD_GBPS_ENV, RELOAD_GBPS_DEFAULT, env)

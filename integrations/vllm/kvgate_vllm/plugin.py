@@ -2,8 +2,10 @@
 
 vLLM calls `register()` in every process it starts (front-end, engine core,
 workers; `VLLM_PLUGINS` filters by name). It always adds the probe methods to
-EngineCore (they cost nothing until called). With `KVGATE_VLLM_GATE=1` it also
-puts the admission gate in front of `vllm serve`'s engine client (kvgate_vllm.serve).
+EngineCore (they cost nothing until called) and carries each request's
+connector-loaded tokens onto its RequestOutputs (kvgate_vllm.feedback). With
+`KVGATE_VLLM_GATE=1` it also puts the admission gate in front of `vllm serve`'s
+engine client (kvgate_vllm.serve).
 Safe to call many times.
 """
 
@@ -19,9 +21,11 @@ def gate_enabled() -> bool:
 
 
 def register() -> None:
-    from . import probes
+    from . import feedback, knobs, probes
 
+    knobs.reload_gbps()  # a bad KVGATE_VLLM_RELOAD_GBPS fails at start-up, in every process
     probes.install()
+    feedback.install()
     if gate_enabled():
         from . import serve
 

@@ -10,7 +10,10 @@ calls on the `EngineCore` object:
 - `kvgate_capacity()` -> dict: `num_gpu_blocks`, `block_size`, `capacity_tokens`
   (num_gpu_blocks x block_size), `usable_tokens` (minus the null block) and
   `prefill_tokens_per_sec` (the median prefill rate of the engine's recent
-  mostly-prefill steps, 0 before any; kvgate_vllm.prefill_rate).
+  mostly-prefill steps, 0 before any; kvgate_vllm.prefill_rate), and the
+  host tier when the engine offloads KV (`tier_tokens`, 0 when none;
+  `reload_tokens_per_sec`; `kv_bytes_per_token`, `tier_bytes`,
+  `tier_backend`; kvgate_vllm.offload).
 - `kvgate_prefix(prompt_ids, lora=None, cache_salt=None, session=None)` ->
   [hit_tokens, num_tokens]: the prefix the engine would reuse for this prompt
   now. Block hashes come from the engine's own `request_block_hasher` (its
@@ -35,7 +38,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Optional, Sequence
 
-from . import prefill_rate
+from . import offload, prefill_rate
 
 #: Sessions whose hash chains are kept per engine (LRU beyond that).
 MAX_CACHED_CHAINS = 4096
@@ -140,6 +143,7 @@ def kvgate_capacity(self: Any) -> dict[str, Any]:
         "capacity_tokens": int(pool.num_gpu_blocks) * block_size,
         "usable_tokens": (int(pool.num_gpu_blocks) - 1) * block_size,
         "prefill_tokens_per_sec": prefill_rate.typical_rate(self),
+        **offload.tier_answer(self),
     }
 
 

@@ -37,6 +37,13 @@ every OpenAI endpoint makes per request) and adds a small ASGI middleware:
   engine's `kvgate_capacity` (num_gpu_blocks x block_size), asked once per
   engine and cached (kvgate_vllm.feedback.capacity_of); a failed ask is asked
   again by the next probe.
+- Host tier (an engine that offloads KV, kvgate_vllm.offload): the capacity
+  answer carries the tier's size and reload rate. An answer whose tier the
+  gate would refuse (smaller than the GPU cache, a rate not finite and
+  positive, a tier gone after it was told) is a logged warning that keeps the
+  previous answer (kvgate_vllm.feedback.accept). Each turn of an engine with a
+  tier is released with the prompt tokens its connector loaded as its tier
+  hits (`tier_cached_tokens`, at most its cached tokens).
 - Refusal mode (KVGATE_VLLM_REFUSE_NEW=1, off by default): the acquire makes
   one pass (`timeout=0`) instead of waiting. A turn the gate admits at once
   runs as always: every turn of a working-set member does (the table admits a
@@ -49,8 +56,14 @@ every OpenAI endpoint makes per request) and adds a small ASGI middleware:
   client's retry does).
 - kvgate's Prometheus families (`kvgate_*`, label `engine`) are added to vLLM's
   `/metrics` registry, with the plugin's own: `kvgate_working_set_free_tokens`
-  (capacity minus load, floored at 0: the room a new session can join) and
-  `kvgate_refused_total` (turns answered 429).
+  (capacity minus load, floored at 0: the room a new session can join),
+  `kvgate_refused_total` (turns answered 429), and the host tier's
+  `kvgate_tier_tokens`, `kvgate_tier_reload_tokens_per_second`,
+  `kvgate_tier_cached_tokens_total` (cached tokens the tier served, as
+  released to the gate) and `kvgate_tier_refused_answers_total` (capacity
+  answers whose tier was refused, the previous one kept). vLLM's own
+  `vllm:external_prefix_cache_*` and `vllm:kv_offload_*` say the rest
+  (docs/vllm.md, "Host tier").
 - Knobs: KVGATE_VLLM_CONFIG="admission_mode=reference,high_watermark=0.2"
   (kvgate.Config fields; kvgate_vllm.knobs); unset knobs keep the library's
   defaults.
@@ -190,6 +203,11 @@ class Gates:
         # (time.monotonic()): its blocks never change, its measured prefill rate
         # only improves, so it is asked again now and then (CAPACITY_REFRESH_SEC).
         self.capacities: dict[int, tuple[kvgate.Capacity, float]] = {}
+        # The answer behind each cached capacity, as accepted (its tier checked
+        # against the one before), the answers refused, the tier hits released.
+        self.answers: dict[int, feedback.EngineAnswer] = {}
+        self.tier_refused: dict[int, int] = {}
+        self.tier_hits: dict[int, int] = {}
         self._capacity_asks: dict[int, asyncio.Future] = {}
         # Refusal mode (KVGATE_VLLM_REFUSE_NEW) and the turns refused per engine.
         self.refuse_new = knobs_mod.refuse_new()
@@ -263,9 +281,41 @@ class Gates:
             del self._capacity_asks[rank]  # answered, failed or cancelled: the next probe asks again if need be
         if ask.cancelled() or ask.exception() is not None:
             return
-        cap = feedback.capacity_of(ask.result())
-        if cap is not None:
-            self.capacities[rank] = (cap, time.monotonic())
+        try:
+            new = feedback.answer_of(ask.result())
+        except (KeyError, TypeError, ValueError) as e:
+            logger.warning("kvgate: engine %d's capacity answer unreadable (%s): the previous answer is kept", rank, e)
+            new = None
+        kept, problem = feedback.accept(new, self.answers.get(rank), rank)
+        if problem is not None:
+            self.tier_refused[rank] = self.tier_refused.get(rank, 0) + 1
+        if kept is not None:
+            self.answers[rank] = kept
+            # Stamped now even when the previous answer is kept: asked again
+            # after CAPACITY_REFRESH_SEC, not at every probe.
+            self.capacities[rank] = (feedback.to_capacity(kept), time.monotonic())
+
+    def has_tier(self, rank: int) -> bool:
+        """Whether engine `rank`'s accepted answer tells a host tier."""
+        answer = self.answers.get(rank)
+        return answer is not None and answer.has_tier
+
+    def released(self, rank: int, figures: Optional[feedback.TurnFigures]) -> None:
+        """Counts the tier hits of a turn released on engine `rank`."""
+        hits = feedback.tier_hits(figures)
+        if hits:
+            self.tier_hits[rank] = self.tier_hits.get(rank, 0) + hits
+
+    def tier(self) -> list[tuple[int, int, float, int, int]]:
+        """(engine, tier tokens, reload tokens/s, tier hits released, answers
+        refused) per live gate; 0 where no tier was told."""
+        out = []
+        for rank, g in list(self.gates.items()):
+            if not g.closed:
+                answer = self.answers.get(rank)
+                tokens, rate = (int(answer.tier_tokens), answer.reload_tokens_per_sec) if answer and answer.has_tier else (0, 0.0)
+                out.append((rank, tokens, rate, self.tier_hits.get(rank, 0), self.tier_refused.get(rank, 0)))
+        return out
 
     def metrics_text(self) -> list[tuple[int, str]]:
         gates = list(self.gates.items())
@@ -390,10 +440,11 @@ def _wrap_generate(original: Any) -> Any:
         try:
             async for out in original(self, prompt, sampling_params, request_id, *args, **kwargs):
                 if getattr(out, "finished", False):
-                    figures = feedback.figures_of(out)
+                    figures = feedback.figures_of(out, tier=gates.has_tier(rank))
                 yield out
         finally:
             feedback.release(lease, figures)
+            gates.released(rank, figures)
             if final and not gate.closed:
                 gate.finish_session(session)
 
@@ -435,6 +486,20 @@ class KvgateCollector:
             refused.add_metric([str(rank)], count)
         yield free
         yield refused
+        tier = _gates.tier()
+        families = [
+            (GaugeMetricFamily, "kvgate_tier_tokens", "The host tier the engine told, tokens of KV (0: none)", 1),
+            (GaugeMetricFamily, "kvgate_tier_reload_tokens_per_second", "The host tier's reload rate the engine told, tokens/s (0: no tier)", 2),
+            (CounterMetricFamily, "kvgate_tier_cached_tokens", "Cached prompt tokens the host tier served, as released to the gate", 3),
+            (CounterMetricFamily, "kvgate_tier_refused_answers", "Capacity answers whose tier was refused (the previous answer kept)", 4),
+        ]
+        for kind, name, doc, at in families:
+            if name in merged or f"{name}_total" in merged:  # the package exports it itself
+                continue
+            fam = kind(name, doc, labels=["engine"])
+            for row in tier:
+                fam.add_metric([str(row[0])], row[at])
+            yield fam
 
 
 def install() -> None:
@@ -447,9 +512,11 @@ def install() -> None:
     # the first gated request.
     knobs_mod.config(parse_config(os.environ.get("KVGATE_VLLM_CONFIG", "")))
     refuse = knobs_mod.refuse_new()
+    knobs_mod.reload_gbps()
     _installed = True
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    feedback.install()  # the turns' tier hits onto their RequestOutputs
     if not getattr(AsyncLLM.generate, "_kvgate", False):
         AsyncLLM.generate = _wrap_generate(AsyncLLM.generate)
     try:

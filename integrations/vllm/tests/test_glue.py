@@ -123,6 +123,7 @@ def test_the_capacity_answer_is_refreshed_for_the_engines_measured_rate(monkeypa
 
     gates = object.__new__(serve.Gates)
     gates.capacities, gates._capacity_asks = {}, {}
+    gates.answers, gates.tier_refused = {}, {}
     gates._utility = utility  # the engine's UTILITY call (what is tested is the caching around it)
     now = [100.0]
     monkeypatch.setattr(serve.time, "monotonic", lambda: now[0])

@@ -8,7 +8,7 @@ import os
 import random
 from typing import Any
 
-from .. import probes
+from .. import feedback, probes
 from . import models
 
 BLOCK_SIZE = 32
@@ -24,11 +24,13 @@ def make_engine(
     enable_lora: bool = False,
     **extra: Any,
 ) -> Any:
-    """A stepped in-process `LLMEngine` (VLLM_ENABLE_V1_MULTIPROCESSING=0) with the probes installed."""
+    """A stepped in-process `LLMEngine` (VLLM_ENABLE_V1_MULTIPROCESSING=0) with the probes installed
+    and the turns' connector-loaded tokens carried onto their RequestOutputs."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import EngineArgs, LLMEngine
 
     probes.install()
+    feedback.install()
     args = EngineArgs(
         model=str(models.make_model(size)),
         skip_tokenizer_init=True,
