@@ -53,7 +53,7 @@ kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and 
 USAGE:
     kvgate-sim [--scenario NAME|PATH|all|tiered] [--seed N] [--out DIR] [--policies LIST] [--full] [--sweep]
     kvgate-sim --judge [--scenario NAME|PATH|all|tiered] [--seeds 1-5] [--policies LIST] [--out DIR]
-    (either form also takes --profile NAME|PATH, --capacity-probe full|no-rate|usage-only,
+    (either form also takes --profile NAME|PATH, --capacity-probe full|no-rate|usage-only|no-tier,
      --host-prompt tokens|length, --host-finish told|untold,
      --host-report cached|output-only, --routing sticky|hash|least-loaded
      and --vary LIST)
@@ -83,7 +83,8 @@ OPTIONS:
     --capacity-probe P
                    what the engines tell the gate's capacity probe: full (KV tokens, block
                    size, the median prefill rate of recent steps), no-rate (KV tokens and
-                   block size only), usage-only (nothing: the gate has the usage gauge)
+                   block size only), usage-only (nothing: the gate has the usage gauge),
+                   no-tier (full, but nothing of a host tier the engine offloads to)
                    [default: the scenario's, full]
     --host-prompt H
                    what the hosts tell the gate of each prompt: tokens (its ids, which the

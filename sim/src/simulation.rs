@@ -173,17 +173,21 @@ pub enum CapacityProbe {
     NoRate,
     /// Nothing: the gate has only the usage gauge and what turns report.
     UsageOnly,
+    /// As `Full`, but of an engine's host tier nothing (a host that does
+    /// not read the offloading configuration).
+    NoTier,
 }
 
 impl CapacityProbe {
-    /// Parses `full`, `no-rate` or `usage-only`.
+    /// Parses `full`, `no-rate`, `usage-only` or `no-tier`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "full" => Ok(Self::Full),
             "no-rate" => Ok(Self::NoRate),
             "usage-only" => Ok(Self::UsageOnly),
+            "no-tier" => Ok(Self::NoTier),
             other => Err(format!(
-                "capacity probe `{other}`: expected full, no-rate or usage-only"
+                "capacity probe `{other}`: expected full, no-rate, usage-only or no-tier"
             )),
         }
     }
@@ -573,6 +577,7 @@ impl Sim<'_> {
                 CapacityProbe::Full => EngineCapacity::new(tokens, block, rate),
                 CapacityProbe::NoRate => EngineCapacity::new(tokens, block, 0.0),
                 CapacityProbe::UsageOnly => return EngineCapacity::new(0, 0, 0.0),
+                CapacityProbe::NoTier => return EngineCapacity::new(tokens, block, rate),
             };
             // An engine that offloads tells its tier (the vLLM plugin reads
             // it from the offloading configuration).

@@ -38,7 +38,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
             unreachable!("the head of the queue is waiting");
         };
         let need = self.need(s, waiting.prompt);
-        if self.fits_beside_members(need) && self.fits_ahead(s, need) && self.fits_tier(s, need) {
+        if self.fits_beside_members(need) && self.fits_ahead(s, need) {
             return Verdict::Fits;
         }
         let bound = waiting.since.saturating_add(self.wait_bound_ns());
@@ -122,18 +122,6 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
                 .sum();
             base + load <= capacity
         })
-    }
-
-    /// Whether the session at `s`, needing `need` more tokens, keeps the
-    /// rotation within the host tier: one parked there is in it already;
-    /// anyone else joining it must fit beside it, or a parked session
-    /// would be pushed out of the tier and recompute its history when it
-    /// returns. Always true without a tier.
-    pub(super) fn fits_tier(&self, s: Slot, need: u64) -> bool {
-        let Some(tier) = self.capacity.tier() else {
-            return true;
-        };
-        self.sessions[s].parked_in_tier.is_some() || self.rotation_tokens() + need <= tier.tokens
     }
 
     /// The session the admission rule is asked about: the first in the

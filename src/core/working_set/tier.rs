@@ -444,24 +444,6 @@ mod tests {
     }
 
     #[test]
-    fn a_newcomer_waits_for_room_in_the_tier_that_parked_sessions_hold() {
-        let mut ws = tiered(1200);
-        ws.request(&"a", 400, 0);
-        ws.request(&"b", 400, 0);
-        done(&mut ws, "a", 400, 0);
-        let mut out = Vec::new();
-        ws.admit_waiting(100 * MS, &mut out); // a parked: the rotation holds 800
-                                              // 500 more fits the GPU cache beside b, but not the tier beside a and b.
-        assert_eq!(ws.request(&"c", 500, 100 * MS), Verdict::Wait);
-        // a, parked there already, passes it.
-        assert_eq!(ws.request(&"a", 450, 200 * MS), Verdict::Fits);
-        // b ends: its blocks are the tier's to evict, so c fits beside a.
-        ws.finish(&"b", 300 * MS);
-        ws.admit_waiting(300 * MS, &mut out);
-        assert_eq!(out, vec![("c", Verdict::Fits)]);
-    }
-
-    #[test]
     fn a_parked_session_the_tier_outgrew_comes_back_as_a_newcomer() {
         let mut ws = tiered(1200);
         ws.request(&"a", 400, 0);
@@ -472,14 +454,21 @@ mod tests {
         assert_eq!(ws.stats().tier_parked_tokens, 400);
         // b grows to 900: with a, more than the tier holds, and a is the
         // least recently used.
+        done(&mut ws, "b", 400, 60 * MS);
         assert_eq!(ws.request(&"b", 900, 100 * MS), Verdict::Member);
         done(&mut ws, "b", 900, 150 * MS);
         assert_eq!(ws.stats().tier_parked_tokens, 0);
-        // a's return now needs room in the tier like anyone's: it waits
-        // (900 + 400 > 1200) although the GPU cache has b's place after
-        // its window.
-        assert_eq!(ws.request(&"a", 400, 300 * MS), Verdict::Wait);
-        // b itself still fits the tier: its window stays the copy's.
+        // b alone fits the tier: its own window stays the copy's.
         assert_eq!(ws.window_ns(), 100 * MS);
+        // a, no longer parked there, is a newcomer: a session parked in the
+        // tier since goes before it.
+        ws.admit_waiting(250 * MS, &mut out); // b parked in the tier
+        assert_eq!(ws.request(&"a", 400, 260 * MS), Verdict::Empty);
+        assert_eq!(ws.request(&"b", 950, 270 * MS), Verdict::Wait);
+        assert_eq!(ws.request(&"c", 100, 280 * MS), Verdict::Wait);
+        done(&mut ws, "a", 400, 300 * MS);
+        out.clear();
+        ws.admit_waiting(400 * MS, &mut out);
+        assert_eq!(out.first(), Some(&("b", Verdict::Empty)));
     }
 }
