@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 
 use kvgate::ffi::*;
 
+#[path = "support/ffi_support.rs"]
+mod ffi_support;
+use ffi_support::last_error;
+
 const PATIENCE: Duration = Duration::from_secs(30);
 const POLL_SEC: f64 = 20.0;
 const PROMPT: &[u32] = &[1, 2, 3, 4];
@@ -155,14 +159,6 @@ unsafe extern "C" fn prefix_probe(
 // Thin, checked wrappers (what a host's own binding layer would be)
 // ---------------------------------------------------------------------------
 
-fn last_error() -> String {
-    // SAFETY: a NUL-terminated string valid until the next failing call here.
-    unsafe { CStr::from_ptr(kvgate_last_error()) }
-        .to_str()
-        .unwrap()
-        .to_owned()
-}
-
 /// A gate pointer that may cross threads (the gate is thread-safe).
 #[derive(Clone, Copy)]
 struct GatePtr(*mut kvgate_gate);
@@ -228,14 +224,7 @@ fn release(gate: GatePtr, lease: u64) -> kvgate_status {
 }
 
 fn stats(gate: GatePtr) -> kvgate_stats {
-    let mut out = std::mem::MaybeUninit::uninit();
-    // SAFETY: a live gate and a writable out.
-    assert_eq!(
-        unsafe { kvgate_get_stats(gate.0, out.as_mut_ptr(), size_of::<kvgate_stats>()) },
-        KVGATE_OK
-    );
-    // SAFETY: written on KVGATE_OK.
-    unsafe { out.assume_init() }
+    ffi_support::stats(gate.0)
 }
 
 fn session_stats(gate: GatePtr, session: &str) -> Result<kvgate_session_stats, kvgate_status> {

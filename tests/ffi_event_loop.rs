@@ -6,8 +6,8 @@
 //! No test sleeps or asserts a timing target: the descriptor is polled with
 //! a zero timeout right after the call that must (or must not) ring it.
 
-use std::ffi::{c_void, CStr};
-use std::mem::{size_of, MaybeUninit};
+use std::ffi::c_void;
+use std::mem::MaybeUninit;
 use std::ptr;
 use std::sync::Mutex;
 
@@ -15,41 +15,25 @@ use kvgate::ffi::kvgate_status::*;
 use kvgate::ffi::kvgate_step_kind::*;
 use kvgate::ffi::*;
 
+#[path = "support/ffi_support.rs"]
+mod ffi_support;
+use ffi_support::{gate_with, last_error, stats, waker};
+
 const POLL_SEC: f64 = 60.0;
 
 /// A gate in working-set (`reference == false`) or reference mode, with no
 /// probe callbacks (event-loop attempts answer their probes themselves).
 fn gate(reference: bool, idle_grace_sec: f64) -> *mut kvgate_gate {
-    // SAFETY: a fresh builder, used and freed here; a writable out.
-    unsafe {
-        let config = kvgate_config_new();
-        assert!(!config.is_null());
-        let mode = if reference {
-            kvgate_admission_mode::KVGATE_ADMISSION_MODE_REFERENCE
-        } else {
-            kvgate_admission_mode::KVGATE_ADMISSION_MODE_WORKING_SET
-        };
-        assert_eq!(
-            kvgate_config_set_admission_mode(config, mode as u32),
-            KVGATE_OK
-        );
-        assert_eq!(kvgate_config_set_wait_poll_sec(config, POLL_SEC), KVGATE_OK);
-        assert_eq!(
-            kvgate_config_set_idle_grace_sec(config, idle_grace_sec),
-            KVGATE_OK
-        );
-        let mut gate = ptr::null_mut();
-        assert_eq!(kvgate_new(config, &mut gate), KVGATE_OK);
-        kvgate_config_free(config);
-        gate
-    }
-}
-
-fn waker() -> *mut kvgate_waker {
-    let mut w = ptr::null_mut();
-    // SAFETY: a writable out.
-    assert_eq!(unsafe { kvgate_waker_new(&mut w) }, KVGATE_OK);
-    w
+    gate_with(reference, |config| {
+        // SAFETY: the builder `gate_with` made, alive for this call.
+        unsafe {
+            assert_eq!(kvgate_config_set_wait_poll_sec(config, POLL_SEC), KVGATE_OK);
+            assert_eq!(
+                kvgate_config_set_idle_grace_sec(config, idle_grace_sec),
+                KVGATE_OK
+            );
+        }
+    })
 }
 
 fn fd_of(w: *mut kvgate_waker) -> i32 {
@@ -81,24 +65,6 @@ fn drain(w: *mut kvgate_waker, capacity: usize) -> Vec<u64> {
     );
     tags.truncate(n);
     tags
-}
-
-fn last_error() -> String {
-    // SAFETY: the library's NUL-terminated, never-NULL string.
-    unsafe { CStr::from_ptr(kvgate_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn stats(gate: *mut kvgate_gate) -> kvgate_stats {
-    let mut out = MaybeUninit::<kvgate_stats>::uninit();
-    // SAFETY: a live gate and a writable out of the stated size.
-    assert_eq!(
-        unsafe { kvgate_get_stats(gate, out.as_mut_ptr(), size_of::<kvgate_stats>()) },
-        KVGATE_OK
-    );
-    // SAFETY: written on KVGATE_OK.
-    unsafe { out.assume_init() }
 }
 
 /// An attempt and its latest step.

@@ -17,41 +17,16 @@ use kvgate::ffi::kvgate_status::*;
 use kvgate::ffi::kvgate_step_kind::*;
 use kvgate::ffi::*;
 
+#[path = "support/ffi_support.rs"]
+mod ffi_support;
+use ffi_support::{gate_with, last_error, stats, waker};
+
 const CAPACITY: u64 = 1000;
 const TIER: u64 = 4000;
 const RELOAD: f64 = 1e5;
 
-fn gate_with(reference: bool, set: impl FnOnce(*mut kvgate_config)) -> *mut kvgate_gate {
-    // SAFETY: a fresh builder, used and freed here; a writable out.
-    unsafe {
-        let config = kvgate_config_new();
-        assert!(!config.is_null());
-        let mode = if reference {
-            kvgate_admission_mode::KVGATE_ADMISSION_MODE_REFERENCE
-        } else {
-            kvgate_admission_mode::KVGATE_ADMISSION_MODE_WORKING_SET
-        };
-        assert_eq!(
-            kvgate_config_set_admission_mode(config, mode as u32),
-            KVGATE_OK
-        );
-        set(config);
-        let mut gate = ptr::null_mut();
-        assert_eq!(kvgate_new(config, &mut gate), KVGATE_OK);
-        kvgate_config_free(config);
-        gate
-    }
-}
-
 fn gate(reference: bool) -> *mut kvgate_gate {
     gate_with(reference, |_| {})
-}
-
-fn waker() -> *mut kvgate_waker {
-    let mut w = ptr::null_mut();
-    // SAFETY: a writable out.
-    assert_eq!(unsafe { kvgate_waker_new(&mut w) }, KVGATE_OK);
-    w
 }
 
 fn free(gate: *mut kvgate_gate, w: *mut kvgate_waker) {
@@ -60,24 +35,6 @@ fn free(gate: *mut kvgate_gate, w: *mut kvgate_waker) {
         kvgate_free(gate);
         kvgate_waker_free(w);
     }
-}
-
-fn last_error() -> String {
-    // SAFETY: the library's NUL-terminated, never-NULL string.
-    unsafe { CStr::from_ptr(kvgate_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn stats(gate: *mut kvgate_gate) -> kvgate_stats {
-    let mut out = MaybeUninit::<kvgate_stats>::uninit();
-    // SAFETY: a live gate and a writable out of the stated size.
-    assert_eq!(
-        unsafe { kvgate_get_stats(gate, out.as_mut_ptr(), size_of::<kvgate_stats>()) },
-        KVGATE_OK
-    );
-    // SAFETY: written on KVGATE_OK.
-    unsafe { out.assume_init() }
 }
 
 fn metrics(gate: *mut kvgate_gate) -> String {

@@ -866,11 +866,11 @@ mod tests {
         (first.expect("scheduled"), ns)
     }
 
-    #[test]
-    fn a_prefix_evicted_from_gpu_memory_is_copied_back_from_the_tier() {
-        // 16 usable blocks of 4 tokens; a tier of 64 blocks at 1M tokens/s.
+    /// 16 usable blocks of 4 tokens, a tier of `tier_blocks` at 1M
+    /// tokens/s, and session 0's first turn (40 tokens) run on it.
+    fn tiered_after_one_turn(tier_blocks: usize) -> (Replica, TierConfig, Rc<[BlockHash]>) {
         let tier = TierConfig {
-            blocks: 64,
+            blocks: tier_blocks,
             reload_tokens_per_sec: 1e6,
         };
         let mut r = Replica::new(
@@ -882,6 +882,12 @@ mod tests {
         );
         let a = stream(0, 80);
         run_one(&mut r, 1, 0, &a, 40);
+        (r, tier, a)
+    }
+
+    #[test]
+    fn a_prefix_evicted_from_gpu_memory_is_copied_back_from_the_tier() {
+        let (mut r, tier, a) = tiered_after_one_turn(64);
         // Another session's 60 tokens evict all but a's first block (freed
         // last, so evicted last) from GPU memory.
         run_one(&mut r, 2, 1, &stream(1, 64), 60);
@@ -900,20 +906,8 @@ mod tests {
 
     #[test]
     fn a_prefix_the_tier_evicted_too_is_recomputed() {
-        // A tier no bigger than the GPU cache (16 blocks).
-        let tier = TierConfig {
-            blocks: 16,
-            reload_tokens_per_sec: 1e6,
-        };
-        let mut r = Replica::new(
-            EngineConfig {
-                tier: Some(tier),
-                ..cfg(17, 64, 8)
-            },
-            false,
-        );
-        let a = stream(0, 80);
-        run_one(&mut r, 1, 0, &a, 40);
+        // A tier no bigger than the GPU cache.
+        let (mut r, _, a) = tiered_after_one_turn(16);
         run_one(&mut r, 2, 1, &stream(1, 64), 60);
         // Storing b's 15 blocks evicted 9 of a's from the tier, head first:
         // only the block still in GPU memory hits.

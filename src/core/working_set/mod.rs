@@ -47,6 +47,13 @@
 //! between turns parked for it: each park costs at most a window of
 //! re-prefill, so the bound costs at most `1/B` of the engine.
 //!
+//! With a host tier behind the cache (module `tier`), a parked member
+//! comes back by a copy at the tier's reload rate `R` instead: the same
+//! break-even gives a window of `C/R`, while the sessions in rotation (the
+//! members and those parked in the tier) fit the tier. The gate keeps the
+//! tier's LRU order and drops the oldest parked sessions it outgrows (they
+//! come back as newcomers); sessions parked there go before newcomers.
+//!
 //! Each rule kept here was measured against the hindsight-best fixed cap
 //! with it switched off; rules that did not earn their keep were removed
 //! (`docs/decisions/working-set-distilled.md`).
