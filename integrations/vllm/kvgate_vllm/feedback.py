@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import logging
 import math
 from typing import Any, NamedTuple, Optional, Union
@@ -114,39 +113,17 @@ def accept(
     return new._replace(tier_tokens=0, reload_tokens_per_sec=0.0), problem
 
 
-@functools.lru_cache(maxsize=None)
-def package_has_tier() -> bool:
-    """Whether the installed `kvgate` package knows the host tier (the
-    Capacity fields and the release's `tier_cached_tokens`)."""
-    fields = getattr(kvgate.Capacity, "_fields", ())
-    try:
-        release = inspect.signature(kvgate.Lease.release).parameters
-    except (TypeError, ValueError):
-        release = {}
-    return "tier_tokens" in fields and "reload_tokens_per_sec" in fields and "tier_cached_tokens" in release
-
-
-_said_no_tier = False
-
-
 def to_capacity(answer: Optional[EngineAnswer]) -> Optional[kvgate.Capacity]:
     """The kvgate.Capacity of an accepted answer (None: unknown)."""
-    global _said_no_tier
     if answer is None:
         return None
-    fields: dict[str, Any] = {
-        "tokens": answer.tokens,
-        "block_tokens": answer.block_tokens,
-        "prefill_tokens_per_sec": answer.prefill_tokens_per_sec,
-    }
-    if answer.has_tier:
-        if package_has_tier():
-            fields["tier_tokens"] = int(answer.tier_tokens)
-            fields["reload_tokens_per_sec"] = float(answer.reload_tokens_per_sec)
-        elif not _said_no_tier:
-            _said_no_tier = True
-            logger.warning("kvgate: the kvgate package predates the host tier: the engine's tier is not told to the gate")
-    return kvgate.Capacity(**fields)
+    return kvgate.Capacity(
+        tokens=answer.tokens,
+        block_tokens=answer.block_tokens,
+        prefill_tokens_per_sec=answer.prefill_tokens_per_sec,
+        tier_tokens=int(answer.tier_tokens) if answer.has_tier else 0,
+        reload_tokens_per_sec=float(answer.reload_tokens_per_sec) if answer.has_tier else 0.0,
+    )
 
 
 def capacity_of(answer: Union[None, dict[str, Any], EngineAnswer]) -> Optional[kvgate.Capacity]:
@@ -203,7 +180,7 @@ def release(lease: kvgate.Lease, turn: Optional[TurnFigures]) -> bool:
     if turn is None or not turn.finished_ok:
         return lease.release()
     hits = tier_hits(turn)
-    if hits is not None and package_has_tier():
+    if hits is not None:
         try:
             return lease.release(
                 cached_tokens=turn.cached_tokens, output_tokens=turn.output_tokens, tier_cached_tokens=hits

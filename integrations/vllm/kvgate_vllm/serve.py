@@ -58,10 +58,11 @@ every OpenAI endpoint makes per request) and adds a small ASGI middleware:
   `/metrics` registry, with the plugin's own: `kvgate_working_set_free_tokens`
   (capacity minus load, floored at 0: the room a new session can join),
   `kvgate_refused_total` (turns answered 429), and the host tier's
-  `kvgate_tier_tokens`, `kvgate_tier_reload_tokens_per_second`,
+  `kvgate_tier_tokens`, `kvgate_tier_reload_tokens_per_second` and
+  `kvgate_tier_refused_answers_total` (capacity answers whose tier was
+  refused, the previous one kept); the library's own families include
   `kvgate_tier_cached_tokens_total` (cached tokens the tier served, as
-  released to the gate) and `kvgate_tier_refused_answers_total` (capacity
-  answers whose tier was refused, the previous one kept). vLLM's own
+  released to the gate). vLLM's own
   `vllm:external_prefix_cache_*` and `vllm:kv_offload_*` say the rest
   (docs/vllm.md, "Host tier").
 - Knobs: KVGATE_VLLM_CONFIG="admission_mode=reference,high_watermark=0.2"
@@ -204,10 +205,9 @@ class Gates:
         # only improves, so it is asked again now and then (CAPACITY_REFRESH_SEC).
         self.capacities: dict[int, tuple[kvgate.Capacity, float]] = {}
         # The answer behind each cached capacity, as accepted (its tier checked
-        # against the one before), the answers refused, the tier hits released.
+        # against the one before), and the answers refused.
         self.answers: dict[int, feedback.EngineAnswer] = {}
         self.tier_refused: dict[int, int] = {}
-        self.tier_hits: dict[int, int] = {}
         self._capacity_asks: dict[int, asyncio.Future] = {}
         # Refusal mode (KVGATE_VLLM_REFUSE_NEW) and the turns refused per engine.
         self.refuse_new = knobs_mod.refuse_new()
@@ -300,21 +300,15 @@ class Gates:
         answer = self.answers.get(rank)
         return answer is not None and answer.has_tier
 
-    def released(self, rank: int, figures: Optional[feedback.TurnFigures]) -> None:
-        """Counts the tier hits of a turn released on engine `rank`."""
-        hits = feedback.tier_hits(figures)
-        if hits:
-            self.tier_hits[rank] = self.tier_hits.get(rank, 0) + hits
-
-    def tier(self) -> list[tuple[int, int, float, int, int]]:
-        """(engine, tier tokens, reload tokens/s, tier hits released, answers
-        refused) per live gate; 0 where no tier was told."""
+    def tier(self) -> list[tuple[int, int, float, int]]:
+        """(engine, tier tokens, reload tokens/s, answers refused) per live
+        gate; 0 where no tier was told."""
         out = []
         for rank, g in list(self.gates.items()):
             if not g.closed:
                 answer = self.answers.get(rank)
                 tokens, rate = (int(answer.tier_tokens), answer.reload_tokens_per_sec) if answer and answer.has_tier else (0, 0.0)
-                out.append((rank, tokens, rate, self.tier_hits.get(rank, 0), self.tier_refused.get(rank, 0)))
+                out.append((rank, tokens, rate, self.tier_refused.get(rank, 0)))
         return out
 
     def metrics_text(self) -> list[tuple[int, str]]:
@@ -444,7 +438,6 @@ def _wrap_generate(original: Any) -> Any:
                 yield out
         finally:
             feedback.release(lease, figures)
-            gates.released(rank, figures)
             if final and not gate.closed:
                 gate.finish_session(session)
 
@@ -490,12 +483,11 @@ class KvgateCollector:
         families = [
             (GaugeMetricFamily, "kvgate_tier_tokens", "The host tier the engine told, tokens of KV (0: none)", 1),
             (GaugeMetricFamily, "kvgate_tier_reload_tokens_per_second", "The host tier's reload rate the engine told, tokens/s (0: no tier)", 2),
-            (CounterMetricFamily, "kvgate_tier_cached_tokens", "Cached prompt tokens the host tier served, as released to the gate", 3),
-            (CounterMetricFamily, "kvgate_tier_refused_answers", "Capacity answers whose tier was refused (the previous answer kept)", 4),
+            (CounterMetricFamily, "kvgate_tier_refused_answers", "Capacity answers whose tier was refused (the previous answer kept)", 3),
         ]
+        # The tier hits released to the gate are the library's own
+        # `kvgate_tier_cached_tokens_total`, above.
         for kind, name, doc, at in families:
-            if name in merged or f"{name}_total" in merged:  # the package exports it itself
-                continue
             fam = kind(name, doc, labels=["engine"])
             for row in tier:
                 fam.add_metric([str(row[0])], row[at])

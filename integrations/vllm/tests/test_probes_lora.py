@@ -13,7 +13,10 @@ from kvgate_vllm.testing.engine import core_of, make_engine, random_prompt, run_
 from kvgate_vllm.testing.models import make_lora
 
 
-@pytest.fixture(scope="module")
+# Session-scoped like conftest's `engine`: an in-process engine torn down
+# tears down the process's model-parallel groups, which the other engine
+# (and every test after this file that steps it) still needs.
+@pytest.fixture(scope="session")
 def lora_engine() -> Iterator[Any]:
     yield make_engine("tiny", num_blocks=64, max_model_len=2016, enable_lora=True, max_lora_rank=8, max_loras=2)
 

@@ -5,11 +5,7 @@ hits, and the tier figures on /metrics.
 The CPU build of vLLM 0.32 cannot run native offloading (its worker side is
 CUDA/XPU only; `test_the_cpu_build_cannot_run_native_offloading` pins that),
 so the probe is checked on real vLLM configurations with offloading against
-vLLM's own offloading spec, over the real engine's KV cache.
-
-Tests marked `needs_tier_package` need the `kvgate` package with the host
-tier (Capacity.tier_tokens, Lease.release(tier_cached_tokens=...)): they fail,
-saying so, on a package without it."""
+vLLM's own offloading spec, over the real engine's KV cache."""
 
 from __future__ import annotations
 
@@ -33,13 +29,6 @@ from kvgate_vllm.testing import models
 from kvgate_vllm.testing.engine import BLOCK_SIZE, core_of, random_prompt, run_to_completion, sampling
 
 GPU_TOKENS = 64 * 32  # the session engine's cache (conftest)
-
-
-def needs_tier_package() -> None:
-    assert feedback.package_has_tier(), (
-        "the installed kvgate package has no host tier (Capacity.tier_tokens, "
-        "Lease.release(tier_cached_tokens=)): this test needs the tier-ffi work merged"
-    )
 
 
 # --- the knob -------------------------------------------------------------------------------
@@ -257,7 +246,9 @@ def gates_answering(answers: list[dict], monkeypatch: pytest.MonkeyPatch) -> tup
     """Gates whose engine answers `answers` in turn, one per refresh period."""
     it = iter(answers)
 
-    async def utility(rank: int, method: str, *args: object) -> dict:
+    async def utility(rank: int, method: str, *args: object) -> Any:
+        if method == "kvgate_usage":
+            return 0.0
         assert method == "kvgate_capacity"
         return next(it)
 
@@ -368,10 +359,7 @@ class RecordingLease:
         return True
 
 
-def test_tier_hits_are_released_never_above_the_cached_tokens(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(feedback, "package_has_tier", lambda: True)
+def test_tier_hits_are_released_never_above_the_cached_tokens(caplog: pytest.LogCaptureFixture) -> None:
     for hits, want in [(32, 32), (64, 64), (96, 64), (0, 0)]:
         lease = RecordingLease()
         feedback.release(lease, feedback.TurnFigures(100, 64, 5, True, hits))  # type: ignore[arg-type]
@@ -385,11 +373,6 @@ def test_tier_hits_are_released_never_above_the_cached_tokens(
     lease = RecordingLease(refuse_tier=True)
     assert feedback.release(lease, feedback.TurnFigures(100, 64, 5, True, 32)) is True  # type: ignore[arg-type]
     assert lease.calls[1] == {"cached_tokens": 64, "output_tokens": 5}
-    # Without the tier package the figures are released as before.
-    monkeypatch.setattr(feedback, "package_has_tier", lambda: False)
-    lease = RecordingLease()
-    feedback.release(lease, feedback.TurnFigures(100, 64, 5, True, 32))  # type: ignore[arg-type]
-    assert lease.calls == [{"cached_tokens": 64, "output_tokens": 5}]
 
 
 def test_the_engine_cores_connector_tokens_reach_the_request_output(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -426,7 +409,6 @@ def test_the_engine_cores_connector_tokens_reach_the_request_output(engine: Any,
 
 
 def test_a_turn_released_with_its_tier_hits_is_counted_by_the_gate() -> None:
-    needs_tier_package()
     cap = feedback.to_capacity(feedback.answer_of(GOOD))
     assert (cap.tier_tokens, cap.reload_tokens_per_sec) == (20480, 1e8)
 
@@ -453,13 +435,18 @@ def test_the_tier_figures_are_on_metrics(monkeypatch: pytest.MonkeyPatch) -> Non
     gates, now = gates_answering([GOOD, {**GOOD, "tier_tokens": 1}], monkeypatch)
 
     async def scenario() -> None:
-        gates.gate(0)
+        gate = gates.gate(0)
         await ask_each(gates, now, 2)
+        # Turns released with their figures, as the front-end releases them.
+        for prompt, figures in [
+            (300, feedback.TurnFigures(300, 256, 4, True, 96)),
+            (400, feedback.TurnFigures(400, 64, 4, True, 100)),  # clamped: 64
+            (500, feedback.TurnFigures(500, 64, 4)),  # no tier figure
+        ]:
+            lease = await gate.acquire(b"s", list(range(prompt)))
+            assert feedback.release(lease, figures)
 
     asyncio.run(scenario())
-    gates.released(0, feedback.TurnFigures(300, 256, 4, True, 96))
-    gates.released(0, feedback.TurnFigures(300, 64, 4, True, 100))  # clamped: 64
-    gates.released(0, feedback.TurnFigures(300, 64, 4))  # no tier figure
     monkeypatch.setattr(serve, "_gates", gates)
     registry = CollectorRegistry()
     registry.register(serve.KvgateCollector())  # type: ignore[arg-type]
