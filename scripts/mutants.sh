@@ -40,6 +40,9 @@ mutants=(
         return false;"
   "no ends presumed@@window.rs@@            if quiet {@@            if false \&\& quiet {"
   "session growth not its own@@estimates.rs@@            (1.0 - SESSION_GROWTH_WEIGHT) * h.growth + SESSION_GROWTH_WEIGHT * grown@@            self.growth"
+  "no copy window with a tier@@mod.rs@@            Some(reload) if self.rotation_fits_tier() => reload,@@            Some(_) if false => 0,"
+  "sessions parked in the tier not first@@admission.rs@@        if self.tier_parked.is_empty() {@@        if true {"
+  "ended sessions not in the tier's order@@tier.rs@@        while self.rotation_tokens() + self.tier_parked.ended > tier.tokens {@@        while self.rotation_tokens() > tier.tokens {"
 )
 
 filter=${1:-}

@@ -4,11 +4,13 @@
 //! checked after every step: once with the fit and parking rules alone (the
 //! rule that stops holding sessions out when running cold pays turned off),
 //! once with the defaults, where that rule may fire and its admissions must
-//! still keep the order and the ledger's consistency.
+//! still keep the order and the ledger's consistency; and once with a host
+//! tier behind the cache, where sessions parked in the tier go before
+//! newcomers (so the queue's order is not first come, first served).
 
 use std::collections::BTreeMap;
 
-use kvgate::core::working_set::{EngineCapacity, Tuning, TurnReport, Verdict, WorkingSet};
+use kvgate::core::working_set::{EngineCapacity, KvTier, Tuning, TurnReport, Verdict, WorkingSet};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -45,6 +47,9 @@ struct Model {
     doing: BTreeMap<u8, Doing>,
     prompt: BTreeMap<u8, u64>,
     seq: u64,
+    /// With a host tier the queue is not first come, first served (the
+    /// tier's own unit tests hold its order).
+    fifo: bool,
 }
 
 fn admitted(
@@ -55,7 +60,7 @@ fn admitted(
     now: u64,
 ) -> Result<(), TestCaseError> {
     let was = m.doing[&s];
-    if let (Doing::Waiting { since_seq }, true) = (was, v != Verdict::Member) {
+    if let (Doing::Waiting { since_seq }, true) = (was, v != Verdict::Member && m.fifo) {
         // First come, first served: nobody waiting queued before it.
         for (o, d) in &m.doing {
             if let Doing::Waiting { since_seq: other } = d {
@@ -98,17 +103,39 @@ proptest! {
     ) {
         run(ops, Tuning::default())?;
     }
+
+    /// A host tier of 3,000 tokens (no smaller than any capacity the ops
+    /// set) copied back at 20,000 tokens/s: windows are the copy's, and
+    /// the sessions' histories outgrow the tier.
+    #[test]
+    fn the_ledger_keeps_its_rules_with_a_host_tier(
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        run_with(ops, Tuning::default(), Some(3000))?;
+    }
 }
 
 fn run(ops: Vec<Op>, tuning: Tuning) -> Result<(), TestCaseError> {
+    run_with(ops, tuning, None)
+}
+
+fn engine(capacity: u64, tier: Option<u64>) -> EngineCapacity {
+    let e = EngineCapacity::new(capacity, 16, 2000.0);
+    match tier {
+        Some(t) => e.with_tier(KvTier::new(t, 20_000.0).unwrap()).unwrap(),
+        None => e,
+    }
+}
+
+fn run_with(ops: Vec<Op>, tuning: Tuning, tier: Option<u64>) -> Result<(), TestCaseError> {
     let mut ws: WorkingSet<u8> = WorkingSet::new(tuning);
     let mut capacity = 2000u64;
-    ws.set_engine(EngineCapacity::new(capacity, 16, 2000.0))
-        .unwrap();
+    ws.set_engine(engine(capacity, tier)).unwrap();
     let mut m = Model {
         doing: (0..5).map(|s| (s, Doing::Idle)).collect(),
         prompt: BTreeMap::new(),
         seq: 0,
+        fifo: tier.is_none(),
     };
     let mut now = 0u64;
     for op in ops {
@@ -187,8 +214,7 @@ fn run(ops: Vec<Op>, tuning: Tuning) -> Result<(), TestCaseError> {
             Op::Advance(ms) => now += u64::from(ms) * 1_000_000,
             Op::Capacity(c) => {
                 capacity = u64::from(c);
-                ws.set_engine(EngineCapacity::new(capacity, 16, 2000.0))
-                    .unwrap();
+                ws.set_engine(engine(capacity, tier)).unwrap();
             }
         }
         // Whatever may enter now is handed over (and collected, as an attempt would).

@@ -172,7 +172,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     fn rotation_refill_rate(&self) -> f64 {
         let windows = self.tuning.wait_bound_windows;
         if windows > 0.0 && windows.is_finite() {
-            self.return_rate() / windows
+            self.capacity.prefill_rate() / windows
         } else {
             0.0
         }

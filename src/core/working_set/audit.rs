@@ -69,6 +69,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         {
             return Err("a session presumed ended is waiting or in flight".into());
         }
+        self.audit_tier()?;
         self.ghosts.audit()
     }
 

@@ -393,16 +393,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         }
     }
 
-    /// What a parked member costs to bring back, tokens a second: the
-    /// tier's reload rate while the rotation fits the tier, else the
-    /// prefill rate (0 while unknown).
-    fn return_rate(&self) -> f64 {
-        match self.capacity.tier() {
-            Some(t) if self.rotation_fits_tier() => t.reload_tokens_per_sec,
-            _ => self.capacity.prefill_rate(),
-        }
-    }
-
     /// Whether every session in the rotation (the members, and the
     /// sessions parked between turns that have not ended) fits the host
     /// tier, so that a parked member is still there when it returns.

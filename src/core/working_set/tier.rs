@@ -301,6 +301,67 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         }
     }
 
+    /// The list of what the tier holds agrees with the sessions: no member
+    /// is parked there, each parked session is listed once at its place,
+    /// the sums and the count of what stands are the entries', and without
+    /// a tier nothing is listed.
+    pub(super) fn audit_tier(&self) -> Result<(), String> {
+        let t = &self.tier_parked;
+        if self.capacity.tier().is_none() && !t.order.is_empty() {
+            return Err("sessions listed in a tier the engine never told".into());
+        }
+        let mut parked = 0;
+        let mut ended = 0;
+        let mut standing = 0;
+        for &(s, seq, own) in &t.order {
+            match s {
+                None => {
+                    ended += own;
+                    standing += 1;
+                }
+                Some(s) if self.parked_at(s, seq) => {
+                    parked += own;
+                    standing += 1;
+                }
+                Some(_) => {}
+            }
+        }
+        let sessions: u64 = self
+            .sessions
+            .iter()
+            .filter_map(|(_, r)| r.parked_in_tier.map(|p| p.own))
+            .sum();
+        let listed = self
+            .sessions
+            .iter()
+            .filter(|(_, r)| r.parked_in_tier.is_some())
+            .count();
+        let found = t
+            .order
+            .iter()
+            .filter(|&&(s, seq, _)| s.is_some_and(|s| self.parked_at(s, seq)))
+            .count();
+        if self
+            .sessions
+            .iter()
+            .any(|(_, r)| r.parked_in_tier.is_some() && r.member().is_some())
+        {
+            return Err("a member is also parked in the tier".into());
+        }
+        if listed != found {
+            return Err(format!(
+                "{listed} sessions parked in the tier but {found} listed"
+            ));
+        }
+        if (parked, ended, standing) != (t.parked, t.ended, t.standing) || parked != sessions {
+            return Err(format!(
+                "the tier's list adds up to parked {parked}, ended {ended}, standing {standing}, but counts {}, {}, {} (sessions: {sessions})",
+                t.parked, t.ended, t.standing
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether the session at `s` is parked in the tier at place `seq`.
     fn parked_at(&self, s: Slot, seq: u64) -> bool {
         self.sessions
@@ -470,5 +531,23 @@ mod tests {
         out.clear();
         ws.admit_waiting(400 * MS, &mut out);
         assert_eq!(out.first(), Some(&("b", Verdict::Empty)));
+    }
+
+    #[test]
+    fn the_blocks_of_an_ended_session_push_older_parked_sessions_out() {
+        let mut ws = tiered(1200);
+        for k in ["a", "b", "c"] {
+            ws.request(&k, 300, 0);
+        }
+        done(&mut ws, "a", 300, 0);
+        let mut out = Vec::new();
+        ws.admit_waiting(100 * MS, &mut out); // a parked in the tier
+        done(&mut ws, "b", 300, 120 * MS);
+        ws.finish(&"b", 150 * MS); // b's blocks stay in the tier, newer than a's
+        assert_eq!(ws.stats().tier_parked_tokens, 300);
+        // c grows to 700: c and a alone would fit the tier (1,000), but with
+        // b's blocks they do not, and a's are the least recently used.
+        done(&mut ws, "c", 700, 160 * MS);
+        assert_eq!(ws.stats().tier_parked_tokens, 0);
     }
 }
