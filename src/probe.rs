@@ -26,9 +26,11 @@ pub trait Probe: Send + Sync {
     /// The KV capacity of the replica serving `session`: tokens
     /// (`num_gpu_blocks × block_size`), block size, and the prefill
     /// throughput the engine measured (0 for any it does not know).
-    /// Working-set admission asks it with every usage probe; without it,
-    /// the capacity is estimated from usage answers. Reference mode
-    /// ignores it. The default says nothing.
+    /// An engine that offloads KV to host memory adds its tier
+    /// ([`EngineCapacity::with_tier`]); an answer without one keeps the
+    /// tier told before. Working-set admission asks it with every usage
+    /// probe; without it, the capacity is estimated from usage answers.
+    /// Reference mode ignores it. The default says nothing.
     fn kv_cache_capacity(&self, session: &[u8]) -> Option<EngineCapacity> {
         let _ = session;
         None
