@@ -208,6 +208,9 @@ pub(super) struct TierParked {
     order: VecDeque<(Option<Slot>, u64, u64)>,
     /// Own tokens of the sessions parked (that may return).
     parked: u64,
+    /// How many sessions are parked (one may have no own tokens: its
+    /// history all shared).
+    parked_sessions: usize,
     /// Own tokens of the sessions that ended, until evicted.
     ended: u64,
     /// Entries that still stand for something (parked sessions, ended
@@ -228,7 +231,10 @@ impl TierParked {
         self.order.push_back((s, place.seq, own));
         self.standing += 1;
         match s {
-            Some(_) => self.parked += own,
+            Some(_) => {
+                self.parked += own;
+                self.parked_sessions += 1;
+            }
             None => self.ended += own,
         }
         place
@@ -241,7 +247,7 @@ impl TierParked {
 
     /// Whether no session is parked.
     pub(super) fn is_empty(&self) -> bool {
-        self.parked == 0
+        self.parked_sessions == 0
     }
 }
 
@@ -251,6 +257,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     pub(super) fn unpark_from_tier(&mut self, s: Slot) {
         if let Some(place) = self.sessions[s].parked_in_tier.take() {
             self.tier_parked.parked -= place.own;
+            self.tier_parked.parked_sessions -= 1;
             self.tier_parked.standing -= 1;
         }
     }
@@ -263,6 +270,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         };
         let t = &mut self.tier_parked;
         t.parked -= place.own;
+        t.parked_sessions -= 1;
         t.ended += place.own;
         if let Some(entry) = t.order.iter_mut().find(|e| e.1 == place.seq) {
             entry.0 = None;
@@ -348,9 +356,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         {
             return Err("a member is also parked in the tier".into());
         }
-        if listed != found {
+        if listed != found || listed != t.parked_sessions {
             return Err(format!(
-                "{listed} sessions parked in the tier but {found} listed"
+                "{listed} sessions parked in the tier, {found} listed, {} counted",
+                t.parked_sessions
             ));
         }
         if (parked, ended, standing) != (t.parked, t.ended, t.standing) || parked != sessions {
@@ -549,5 +558,21 @@ mod tests {
         // b's blocks they do not, and a's are the least recently used.
         done(&mut ws, "c", 700, 160 * MS);
         assert_eq!(ws.stats().tier_parked_tokens, 0);
+    }
+
+    #[test]
+    fn a_session_parked_with_no_tokens_of_its_own_still_goes_first() {
+        let mut ws = tiered(3000);
+        // a's first turn finds its whole prompt cached: all of it is the
+        // shared prefix, and a has no tokens of its own.
+        ws.request(&"a", 400, 0);
+        ws.release(&"a", 400, TurnReport::new(Some(400), Some(0)), 0, 0);
+        ws.request(&"b", 900, 0);
+        let mut out = Vec::new();
+        ws.admit_waiting(100 * MS, &mut out); // a parked in the tier
+        assert_eq!(ws.stats().tier_parked_tokens, 0);
+        // A newcomer waits for room; a, asking after it, fits and goes first.
+        assert_eq!(ws.request(&"new", 1000, 200 * MS), Verdict::Wait);
+        assert_eq!(ws.request(&"a", 450, 300 * MS), Verdict::Fits);
     }
 }
