@@ -35,13 +35,14 @@ from ._config import Capacity, Config, Probes
 from ._figures import SessionStats, Stats
 from ._gate import Gate, version
 from ._lease import Lease
+from ._session_scheduler import AdmissionPreempted, DisabledLease, SessionAdmissionLease, SessionLevelScheduler
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdmissionError", "AdmissionMode", "Attempt", "BufferTooSmall", "Cancelled", "Capacity",
-    "Closed", "Config", "Gate", "InvalidArgument", "KvgateError", "Lease", "NO_LEASE",
+    "AdmissionError", "AdmissionMode", "AdmissionPreempted", "Attempt", "BufferTooSmall", "Cancelled", "Capacity",
+    "Closed", "Config", "DisabledLease", "Gate", "InvalidArgument", "KvgateError", "Lease", "NO_LEASE",
     "NotFound", "OsError", "OutOfOrder", "Panic", "Preempted", "Probes", "Reason",
-    "SessionStats", "Stats", "Status", "StepKind", "TimedOut", "UnknownLease", "Waker",
+    "SessionAdmissionLease", "SessionLevelScheduler", "SessionStats", "Stats", "Status", "StepKind", "TimedOut", "UnknownLease", "Waker",
     "last_error", "library_path", "load", "loaded_path", "version",
 ]
