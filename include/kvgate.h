@@ -51,7 +51,7 @@
 /**
  * Minor version of the header.
  */
-#define KVGATE_VERSION_MINOR 1
+#define KVGATE_VERSION_MINOR 2
 
 /**
  * Patch version of the header.

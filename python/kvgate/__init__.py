@@ -37,7 +37,7 @@ from ._gate import Gate, version
 from ._lease import Lease
 from ._session_scheduler import AdmissionPreempted, DisabledLease, SessionAdmissionLease, SessionLevelScheduler
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AdmissionError", "AdmissionMode", "AdmissionPreempted", "Attempt", "BufferTooSmall", "Cancelled", "Capacity",

@@ -105,7 +105,7 @@ ENUMS = {
 
 #: ``#define``s of the header (checked by the drift test).
 NO_LEASE = 0
-VERSION = (0, 1, 0)
+VERSION = (0, 2, 0)
 DEFINES = {
     "KVGATE_NO_LEASE": NO_LEASE,
     "KVGATE_VERSION_MAJOR": VERSION[0],

@@ -49,7 +49,7 @@ def test_the_parser_sees_every_declaration():
         ("kvgate_status kvgate_tick(struct kvgate_gate *gate, uint64_t *out_until_ns",
          "kvgate_status kvgate_tick(struct kvgate_gate *gate, int64_t *out_until_ns", "function kvgate_tick"),
         ("kvgate_status kvgate_now_ns(", "kvgate_status kvgate_now_ns2(", "function kvgate_now_ns"),
-        ("#define KVGATE_VERSION_MINOR 1", "#define KVGATE_VERSION_MINOR 2", "#define KVGATE_VERSION_MINOR"),
+        ("#define KVGATE_VERSION_MINOR 2", "#define KVGATE_VERSION_MINOR 3", "#define KVGATE_VERSION_MINOR"),
         ("typedef void (*kvgate_wake_fn)(void *user_data, uint64_t tag);",
          "typedef void (*kvgate_wake_fn)(void *user_data, uint32_t tag);", "callback kvgate_wake_fn"),
     ],

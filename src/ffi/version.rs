@@ -10,7 +10,7 @@ use super::panic::ffi_boundary;
 /// release never does.
 pub const KVGATE_VERSION_MAJOR: u32 = 0;
 /// Minor version of the header.
-pub const KVGATE_VERSION_MINOR: u32 = 1;
+pub const KVGATE_VERSION_MINOR: u32 = 2;
 /// Patch version of the header.
 pub const KVGATE_VERSION_PATCH: u32 = 0;
 
