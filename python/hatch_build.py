@@ -1,10 +1,19 @@
-"""Hatchling build hook: builds the Rust cdylib and bundles it in the wheel.
+"""Hatchling build hook: builds the Rust cdylib and bundles it in the wheel,
+and puts the crate in the sdist.
 
-Runs `cargo build --release --lib` on the repository's Cargo.toml (one level
-up), then force-includes target/[<triple>/]release/libkvgate.so as
-kvgate/libkvgate.so and include/kvgate.h as kvgate/kvgate.h (the header the
-binding's drift test checks against), and tags the wheel
-py3-none-<platform>: the library does not depend on Python's ABI.
+Wheel: runs `cargo build --release --lib --locked` on the crate (the
+repository's Cargo.toml one level up; in an unpacked sdist, crate/), then
+force-includes target/[<triple>/]release/libkvgate.so as kvgate/libkvgate.so
+and include/kvgate.h as kvgate/kvgate.h (the header the binding's drift test
+checks against), and tags the wheel py3-none-<platform>: the library does not
+depend on Python's ABI. `auditwheel repair` then gives it a manylinux tag
+(scripts/build-wheels.sh).
+
+Sdist: runs `cargo package --no-verify --locked` on the repository's crate
+(with --allow-dirty only when KVGATE_ALLOW_DIRTY=1) and puts the packaged
+crate (its normalised Cargo.toml, Cargo.lock, src/ and include/) under
+crate/, so that the sdist builds a wheel on a machine with cargo and no
+checkout. Building the wheel from it is what verifies the packaged crate.
 
 Cargo's own environment is honoured: CARGO (the cargo to run),
 CARGO_TARGET_DIR, CARGO_BUILD_TARGET (a cross build: the platform tag follows
@@ -18,6 +27,7 @@ import pathlib
 import shutil
 import subprocess
 import sysconfig
+import tarfile
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
@@ -46,22 +56,26 @@ class KvgateBuildHook(BuildHookInterface):
     PLUGIN_NAME = "custom"
 
     def initialize(self, version: str, build_data: dict) -> None:
+        if self.target_name == "sdist":
+            self._sdist(build_data)
+            return
         if self.target_name != "wheel":
             return
-        manifest = REPO / "Cargo.toml"
-        header = REPO / "include" / "kvgate.h"
+        crate = _crate_root()
+        manifest = crate / "Cargo.toml"
+        header = crate / "include" / "kvgate.h"
         if not manifest.exists() or not header.exists():
             raise RuntimeError(
                 f"kvgate: {manifest} or {header} is missing: build the wheel from the "
-                "repository checkout (pip install ./python)"
+                "repository checkout (pip install ./python) or from the kvgate sdist"
             )
         triple = os.environ.get("CARGO_BUILD_TARGET", "")
         command = [_cargo(), "build", "--release", "--lib", "--locked", "--manifest-path", str(manifest)]
         self.app.display_info(f"kvgate: {' '.join(command)}")
-        subprocess.run(command, check=True, cwd=REPO)
-        target_dir = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+        subprocess.run(command, check=True, cwd=crate)
+        target_dir = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or crate / "target")
         if not target_dir.is_absolute():
-            target_dir = REPO / target_dir
+            target_dir = crate / target_dir
         library = target_dir / triple / "release" / "libkvgate.so"
         if not library.exists():
             raise RuntimeError(f"kvgate: cargo succeeded but {library} does not exist")
@@ -76,3 +90,44 @@ class KvgateBuildHook(BuildHookInterface):
         else:
             platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
         build_data["tag"] = f"py3-none-{platform}"
+
+    def _sdist(self, build_data: dict) -> None:
+        manifest = REPO / "Cargo.toml"
+        if not manifest.exists():
+            if (HERE / "crate" / "Cargo.toml").exists():
+                return  # an sdist rebuilt from an unpacked sdist: crate/ is in the tree
+            raise RuntimeError(f"kvgate: {manifest} is missing: build the sdist from the repository checkout")
+        command = [_cargo(), "package", "--no-verify", "--locked", "--manifest-path", str(manifest)]
+        if os.environ.get("KVGATE_ALLOW_DIRTY") == "1":
+            command.append("--allow-dirty")
+        self.app.display_info(f"kvgate: {' '.join(command)}")
+        subprocess.run(command, check=True, cwd=REPO)
+        target_dir = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+        if not target_dir.is_absolute():
+            target_dir = REPO / target_dir
+        name = f"kvgate-{_crate_version(manifest)}"
+        packaged = target_dir / "package" / f"{name}.crate"
+        unpacked = target_dir / "kvgate-sdist-crate"
+        shutil.rmtree(unpacked, ignore_errors=True)
+        unpacked.mkdir(parents=True)
+        with tarfile.open(packaged) as crate:
+            try:
+                crate.extractall(unpacked, filter="data")
+            except TypeError:  # a Python without extraction filters; the tarball is cargo's, just made
+                crate.extractall(unpacked)
+        build_data["force_include"][str(unpacked / name)] = "crate"
+
+
+def _crate_root() -> pathlib.Path:
+    """The crate to build: the checkout's, else the one an sdist carries."""
+    if (REPO / "Cargo.toml").exists():
+        return REPO
+    return HERE / "crate"
+
+
+def _crate_version(manifest: pathlib.Path) -> str:
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11: hatchling depends on tomli there
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads(manifest.read_text())["package"]["version"]

