@@ -549,6 +549,7 @@ def test_an_abort_ends_the_attempt_at_once_and_leaves_nothing(where: str) -> Non
         await until("the attempt is gone", lambda: sched.gate.stats().pending_attempts == 0)
         stats = sched.gate.stats()
         assert (stats.admissions, stats.active_leases, stats.reserved_in_flight + stats.reserved_in_grace) == (0, 0, 0)
+        assert stats.cancelled == 1  # the gate counts an abort as a cancelled attempt
         # The session is admitted as usual afterwards.
         manager.hang, manager.usage = None, CALM
         lease = await sched.acquire("s", [1, 2])
