@@ -184,6 +184,25 @@ def test_a_server_manager_without_probes_admits_open() -> None:
     sched.close()
 
 
+def test_plain_method_probes_are_answered_too() -> None:
+    class Plain:
+        def kv_cache_usage_probe(self, session_id: Any) -> Any:
+            return PRESSURE
+
+        def prefix_cache_probe(self, session_id: Any, *, prompt_ids: list) -> Any:
+            return HOT
+
+    sched = scheduler(REFERENCE, Plain())
+
+    async def main() -> None:
+        lease = await sched.acquire("s", [1])
+        assert (lease.reason, lease.usage, lease.prefix_hit_ratio) == ("resident_prefix", 0.9, 0.9)
+        await lease.release()
+
+    run(main())
+    sched.close()
+
+
 def test_below_the_watermark_is_open_and_equal_is_pressure() -> None:
     manager = FakeServerManager(usage={"kv_cache_usage": 0.8499}, prefix=HOT)
     sched = scheduler(REFERENCE, manager)
