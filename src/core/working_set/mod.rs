@@ -71,6 +71,7 @@ mod holding;
 mod lifecycle;
 mod lifetimes;
 mod queue;
+mod rebuild;
 mod roster;
 mod rotation_budget;
 mod shared_prefix;
@@ -94,6 +95,7 @@ use estimates::Means;
 use lifecycle::{Member, Session, Stage};
 use lifetimes::Lifetimes;
 use queue::Queue;
+pub use rebuild::{CostError, RebuildCost};
 use roster::{Ghosts, IdleList};
 use rotation_budget::RotationBudget;
 use shared_prefix::{InFlight, SharedPrefix};
@@ -126,6 +128,9 @@ pub struct EngineCapacity {
     /// The host tier behind the GPU cache, if the engine offloads KV
     /// ([`EngineCapacity::with_tier`]); `None` says nothing of a tier.
     pub tier: Option<KvTier>,
+    /// What the engine's prefill costs ([`EngineCapacity::with_rebuild_cost`]);
+    /// `None` keeps what was told before, or the estimate learned from turns.
+    pub rebuild_cost: Option<RebuildCost>,
 }
 
 impl EngineCapacity {
@@ -141,6 +146,7 @@ impl EngineCapacity {
             block_tokens,
             prefill_tokens_per_sec: rate,
             tier: None,
+            rebuild_cost: None,
         }
     }
 }
@@ -204,6 +210,14 @@ pub struct WorkingSetStats {
     pub shared_prefix_tokens: u64,
     /// The refill window, ns.
     pub window_ns: u64,
+    /// What re-prefilling costs the engine per token, seconds: told by the
+    /// host ([`RebuildCost`]), else the inverse of the prefill rate (0
+    /// while unknown).
+    pub rebuild_secs_per_token: f64,
+    /// What re-prefilling costs the engine per attended query-key pair,
+    /// seconds: told by the host, else learned from the turns (0: a
+    /// rebuild is priced linearly).
+    pub rebuild_secs_per_pair: f64,
     /// Members parked so far.
     pub parked: u64,
     /// Whether holding sessions out pays ([`WorkingSet::holding_pays`]), as
@@ -504,6 +518,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             capacity_tokens: self.capacity.known().map_or(0, |c| c as u64),
             shared_prefix_tokens: self.shared.tokens,
             window_ns: self.window_ns(),
+            rebuild_secs_per_token: self.capacity.secs_per_token(),
+            rebuild_secs_per_pair: self.capacity.secs_per_pair(),
             parked: self.parked,
             holding: self.holding,
             horizon_turns: self.means.turns_in(self.window_ns()),

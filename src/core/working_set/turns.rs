@@ -205,7 +205,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     pub(super) fn member_release(&mut self, s: Slot, own_before: u64, tokens: u64, now: u64) {
         let footprint = self.capacity.blocks(tokens);
         let h = &self.sessions[s].history;
-        let keeps_window = keeps_window(&h.gaps, self.window_ns())
+        let window = self.hold_ns(h.own(footprint, self.shared.tokens));
+        let keeps_window = keeps_window(&h.gaps, window)
             && (self.silences.is_told() || !self.lifetimes.ends_after(h.turns));
         let reserve = self.means.next_turn_growth(h);
         let shared = self.shared.tokens;
@@ -269,6 +270,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         }
         let secs = now.saturating_sub(admitted_at).max(1) as f64 / 1e9;
         self.capacity
-            .report_turn(prompt.saturating_sub(cached), secs);
+            .report_turn(cached, prompt.saturating_sub(cached), secs);
     }
 }
