@@ -84,7 +84,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         if self.lifetimes.is_empty() {
             return true;
         }
-        let horizon = self.means.turns_in(self.horizon_ns(need));
+        let horizon = self.means.turns_in(self.window_ns());
         if horizon < 2 {
             return true;
         }
@@ -122,27 +122,6 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
                 .sum();
             base + load <= capacity
         })
-    }
-
-    /// How far ahead a newcomer needing `need` tokens must still fit, ns:
-    /// until the room it used is worth less than the rebuild of the member
-    /// an overflow would park. Holding `need` tokens for `t` against a
-    /// rebuild of a member's own tokens `o`, during which the cache's `C`
-    /// tokens wait, breaks even at `t = C · T(o) / need`; the typical
-    /// member stands for the one parked. With members as large as the
-    /// newcomer and a linear cost this is the refill window.
-    fn horizon_ns(&self, need: u64) -> u64 {
-        if self.member_count == 0 || need == 0 {
-            return self.window_ns();
-        }
-        let own = self.own_sum / self.member_count as u64;
-        match (
-            self.capacity.known(),
-            self.capacity.rebuild_secs(self.shared.tokens, own.max(1)),
-        ) {
-            (Some(c), Some(t)) => ((c * t / need as f64) * 1e9).min(u64::MAX as f64 / 2.0) as u64,
-            _ => self.window_ns(),
-        }
     }
 
     /// The session the admission rule is asked about: the first in the

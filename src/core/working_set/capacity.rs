@@ -107,19 +107,17 @@ impl Capacity {
         }
     }
 
-    /// Seconds per prefilled token: the engine's rebuild cost, else the
-    /// inverse of the prefill rate in force (0 while neither is known).
+    /// Seconds per prefilled token: the inverse of the prefill rate in
+    /// force (0 while unknown). A rebuild runs in the engine's batches like
+    /// any prefill, so the rate the engine measures over its own steps
+    /// prices it; the per-token term of a told rebuild cost stands in while
+    /// no rate is measured ([`Capacity::prefill_rate`]).
     pub(super) fn secs_per_token(&self) -> f64 {
-        match self.engine.rebuild_cost {
-            Some(c) => c.secs_per_token(),
-            None => {
-                let rate = self.prefill_rate();
-                if rate > 0.0 {
-                    1.0 / rate
-                } else {
-                    0.0
-                }
-            }
+        let rate = self.prefill_rate();
+        if rate > 0.0 {
+            1.0 / rate
+        } else {
+            0.0
         }
     }
 
@@ -133,37 +131,16 @@ impl Capacity {
     }
 
     /// Seconds the engine takes to re-prefill `own` tokens after a cached
-    /// `prefix`: the rebuild cost the engine told, else the prefill rate
-    /// with the per-pair cost learned from turns; `None` while no rate is
+    /// `prefix`: the linear part at [`Capacity::secs_per_token`], the
+    /// attention at [`Capacity::secs_per_pair`]; `None` while no rate is
     /// known.
     pub(super) fn rebuild_secs(&self, prefix: u64, own: u64) -> Option<f64> {
-        if let Some(c) = self.engine.rebuild_cost {
-            return Some(c.secs(prefix, own));
-        }
         let per_token = self.secs_per_token();
         if per_token <= 0.0 {
             return None;
         }
         let pairs = own as f64 * prefix as f64 + own as f64 * (own as f64 + 1.0) / 2.0;
         Some(per_token * own as f64 + self.secs_per_pair() * pairs)
-    }
-
-    /// How long holding `own` tokens (after a cached `prefix`) is worth
-    /// against rebuilding them, ns: the cache's `C` tokens idle while the
-    /// engine re-prefills them, `C · T(own) / own`. For a short history at
-    /// a linear cost this is the refill window `C / r`; a long one's
-    /// attention makes it longer. The refill window while either is unknown.
-    pub(super) fn hold_ns(&self, prefix: u64, own: u64) -> u64 {
-        let linear_only =
-            self.engine.rebuild_cost.is_none() && self.learned_pairs.secs_per_pair() == 0.0;
-        let (Some(c), Some(t), false) = (
-            self.estimate,
-            self.rebuild_secs(prefix, own.max(1)),
-            linear_only,
-        ) else {
-            return self.window;
-        };
-        ((c * t / own.max(1) as f64) * 1e9).min(u64::MAX as f64 / 2.0) as u64
     }
 
     /// Capacity in force, tokens (infinite while unknown: everyone fits).

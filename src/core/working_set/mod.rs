@@ -15,7 +15,9 @@
 //! requests, and a session in a tool call is invisible to it.
 //!
 //! So the working set counts, in tokens of KV (module `capacity` for the
-//! capacity `C` and the engine's prefill rate `r`):
+//! capacity `C` and the engine's prefill rate `r`; module `rebuild` for
+//! `T(o)`, what re-prefilling `o` tokens of a history costs the engine, its
+//! attention over the history included):
 //! - each member's **footprint**: its newest prompt plus its output,
 //!   whole blocks; the **shared prefix** is counted once for all sessions
 //!   (module `shared_prefix`);
@@ -33,7 +35,11 @@
 //! **refill window**. A member keeps its place for one window after each
 //! turn, unless its own tool calls usually outlast the window (module
 //! `window`), or the host tells no ends and the session has run the turns
-//! sessions usually end after.
+//! sessions usually end after. The window stays linear in the history:
+//! `r` is measured over the engine's own steps, whose chunks already
+//! attend over the histories they extend, and pricing a long member's
+//! window by `T(o)` lengthened it past what its tool calls pay for
+//! (`docs/decisions/rebuild-cost.md`).
 //!
 //! The rule that lets others in (module `admission`): a member's turn
 //! always goes in; everyone else queues, first come first served. The
@@ -44,8 +50,9 @@
 //! the members no longer fit, the member between turns released longest
 //! ago is **parked**: the engine would evict its blocks first anyway. A
 //! head that has waited `B` windows (the **wait bound**) has members
-//! between turns parked for it: each park costs at most a window of
-//! re-prefill, so the bound costs at most `1/B` of the engine.
+//! between turns parked for it, paid from a budget of `1/B` of the
+//! engine's time in rebuilds, each priced at `T(o)` (module
+//! `rotation_budget`).
 //!
 //! With a host tier behind the cache (module `tier`), a parked member
 //! comes back by a copy at the tier's reload rate `R` instead: the same

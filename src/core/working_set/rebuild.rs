@@ -13,13 +13,17 @@
 //! with `a` the engine's time per prefilled token and `b` its time per
 //! attended pair. The second term is why a long history is dearer per token
 //! than a short one: on an H200 an 8B model re-prefills 10k tokens at about
-//! 1.1× the linear figure and 100k at about 4×. Every rule that trades a
-//! place in the cache against a rebuild prices the rebuild with `T`.
+//! 1.1× the linear figure and 100k at about 4×. What the wait bound's
+//! parks may spend (module `rotation_budget`) and what running every
+//! session cold would serve (module `holding`) are priced with `T`; the
+//! refill window is not (module docs of the working set).
 //!
 //! The host tells `a` and `b` with the capacity answer
 //! ([`EngineCapacity::with_rebuild_cost`]), as the vLLM plugin fits them to
-//! the engine's own steps. A host that tells none gets `a` from the prefill
-//! rate it tells (or that the turns show) and `b` learned from the turns
+//! the engine's own steps. Where the engine also measures its prefill rate
+//! `r`, `a = 1/r`: a rebuild runs in the engine's batches like any prefill,
+//! and `r` is what prefill costs in them. A host that tells no cost gets
+//! `a` the same way and `b` learned from the turns
 //! ([`LearnedPairCost`]): the fastest turns at each context length bound
 //! what a token costs there, and how that bound grows with the context is
 //! `b`. A slow turn (a busy engine, a long output) never raises it.

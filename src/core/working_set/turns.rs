@@ -205,8 +205,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     pub(super) fn member_release(&mut self, s: Slot, own_before: u64, tokens: u64, now: u64) {
         let footprint = self.capacity.blocks(tokens);
         let h = &self.sessions[s].history;
-        let window = self.hold_ns(h.own(footprint, self.shared.tokens));
-        let keeps_window = keeps_window(&h.gaps, window)
+        let keeps_window = keeps_window(&h.gaps, self.window_ns())
             && (self.silences.is_told() || !self.lifetimes.ends_after(h.turns));
         let reserve = self.means.next_turn_growth(h);
         let shared = self.shared.tokens;

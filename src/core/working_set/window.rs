@@ -14,7 +14,7 @@ use super::lifecycle::{Gaps, Leaving, Stage, ToolGap};
 use super::tuning::GAPS_TO_JUDGE;
 #[cfg(doc)]
 use super::tuning::GAP_SAMPLES;
-use super::{Slot, WorkingSet};
+use super::WorkingSet;
 
 /// Whether a session with these recent tool gaps keeps a window of
 /// `window_ns`. The median of `n` gaps (the upper one of an even count) is
@@ -34,39 +34,16 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     pub(super) fn end_windows(&mut self, now: u64) {
-        // Windows differ with each member's history, so the member released
-        // longest ago is not always the first whose window ends.
-        while let Some((until, s)) = self.first_window_end() {
+        while let Some(first) = self.idle.first {
+            let released = self.sessions[first].member().map_or(0, |m| m.released_at);
+            let until = released.saturating_add(self.window_ns());
             if until > now {
                 break;
             }
             // It left when its window ended, however late this is asked.
-            self.leave(s, until, Leaving::BetweenTurns);
+            self.leave(first, until, Leaving::BetweenTurns);
         }
         self.presume_ends(now);
-    }
-
-    /// The member between turns whose window ends first, and when.
-    fn first_window_end(&self) -> Option<(u64, Slot)> {
-        self.idle
-            .iter(&self.sessions)
-            .map(|s| {
-                let m = self.sessions[s].member().expect("a listed member");
-                let window = self.hold_ns(self.own(s, m.footprint));
-                (m.released_at.saturating_add(window), s)
-            })
-            .min()
-    }
-
-    /// How long a member between turns holding `own` tokens keeps its
-    /// place, ns: by a copy from the host tier while the rotation fits the
-    /// tier, else the break-even of holding them against rebuilding them
-    /// (module docs).
-    pub(super) fn hold_ns(&self, own: u64) -> u64 {
-        match self.capacity.reload_window_ns() {
-            Some(reload) if self.rotation_fits_tier() => reload,
-            _ => self.capacity.hold_ns(self.shared.tokens, own),
-        }
     }
 
     /// Presumes ended the sessions quiet for long enough at `now`, while
@@ -99,7 +76,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// When this working set next changes by itself: the earliest window
     /// end, or the queue head reaching the wait bound.
     pub fn next_deadline(&self) -> Option<u64> {
-        let window = self.first_window_end().map(|(until, _)| until);
+        let window = self
+            .oldest_idle_release()
+            .map(|released| released.saturating_add(self.window_ns()));
         [window, self.wait_bound_end()].into_iter().flatten().min()
     }
 }
