@@ -1577,6 +1577,31 @@ kvgate_status kvgate_now_ns(struct kvgate_gate *gate, uint64_t *out_now_ns);
  */
 kvgate_status kvgate_tick(struct kvgate_gate *gate, uint64_t *out_until_ns, uint64_t *out_sleep_ns);
 
+/**
+ * Tells the gate what the engine's prefill costs: `secs_per_token` seconds
+ * per prefilled token (the linear layers, and a step's fixed cost spread
+ * over a full chunk) and `secs_per_pair` seconds per query-key pair
+ * attended (plus any cost per context token read, divided by the chunk
+ * size). The gate prices a re-prefill of an `L`-token history after a
+ * cached prefix of `p` tokens as
+ * `secs_per_token·L + secs_per_pair·(L·p + L·(L+1)/2)`, and every rule
+ * that trades a session's place in the cache against rebuilding it uses
+ * that price. A host that fits its engine's step costs calls this again
+ * whenever it refits; a host that never calls it gets a cost learned from
+ * its turn reports.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` (and `kvgate_last_error` names the
+ * term) if `secs_per_token` is not finite and > 0 or `secs_per_pair` is
+ * negative or not finite; the gate then keeps the cost it had. Ignored
+ * (`KVGATE_OK`) in reference mode, which prices nothing. Thread-safe.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate (see `kvgate_free`).
+ */
+kvgate_status kvgate_set_rebuild_cost(struct kvgate_gate *gate,
+                                      double secs_per_token,
+                                      double secs_per_pair);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -414,6 +414,17 @@ impl Gate {
             .finish_session(session, self.shared.clock.now_ns())
     }
 
+    /// Tells the gate what the engine's prefill costs, for an engine whose
+    /// capacity answer does not carry it ([`EngineCapacity::with_rebuild_cost`]
+    /// does the same from the probe): a host that fits the engine's step
+    /// costs tells them again each time it refits. Ignored in reference
+    /// mode.
+    pub fn set_rebuild_cost(&self, cost: crate::RebuildCost) {
+        self.shared
+            .core
+            .set_rebuild_cost(cost, self.shared.clock.now_ns());
+    }
+
     /// Cancels the attempt of `session` that is waiting for admission (at
     /// most one exists): it returns [`AcquireError::Cancelled`] promptly.
     /// Returns whether there was one.

@@ -111,7 +111,9 @@ mod watch;
 
 pub use crate::clock::{Clock, ManualClock, MonotonicClock};
 pub use crate::config::{AdmissionMode, Config, ConfigError};
-pub use crate::core::working_set::{EngineCapacity, KvTier, TierError, TurnReport};
+pub use crate::core::working_set::{
+    CostError, EngineCapacity, KvTier, RebuildCost, TierError, TurnReport,
+};
 pub use crate::core::{GateStats, Reason, ReservationState, SessionStats};
 pub use crate::error::AcquireError;
 pub use crate::gate::Gate;

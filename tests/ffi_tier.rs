@@ -8,7 +8,7 @@
 //! answers again, the lease releases again, the figures the gate knew are
 //! kept) and that the refusal is counted.
 
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::mem::{size_of, MaybeUninit};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -19,7 +19,7 @@ use kvgate::ffi::*;
 
 #[path = "support/ffi_support.rs"]
 mod ffi_support;
-use ffi_support::{gate_with, last_error, stats, waker};
+use ffi_support::{gate_with, last_error, metrics, stats, waker};
 
 const CAPACITY: u64 = 1000;
 const TIER: u64 = 4000;
@@ -35,22 +35,6 @@ fn free(gate: *mut kvgate_gate, w: *mut kvgate_waker) {
         kvgate_free(gate);
         kvgate_waker_free(w);
     }
-}
-
-fn metrics(gate: *mut kvgate_gate) -> String {
-    let mut needed = 0usize;
-    // SAFETY: a live gate; a NULL buffer with cap 0 asks the size.
-    let status = unsafe { kvgate_metrics_text(gate, ptr::null_mut(), 0, &mut needed) };
-    assert_eq!(status, KVGATE_BUFFER_TOO_SMALL);
-    let mut buf = vec![0u8; needed + 64];
-    // SAFETY: a live gate and `buf.len()` writable bytes.
-    let status =
-        unsafe { kvgate_metrics_text(gate, buf.as_mut_ptr().cast(), buf.len(), &mut needed) };
-    assert_eq!(status, KVGATE_OK);
-    CStr::from_bytes_until_nul(&buf)
-        .unwrap()
-        .to_string_lossy()
-        .into_owned()
 }
 
 /// The tier figures of the stats: (tier tokens, refused answers, tier hits).

@@ -374,6 +374,16 @@ class Gate:
         check(status)
         return True
 
+    def set_rebuild_cost(self, secs_per_token: float, secs_per_pair: float) -> None:
+        """Tells the gate what the engine's prefill costs: seconds per
+        prefilled token and per attended query-key pair (a host that fits its
+        engine's step costs calls it again as it refits). A term that is not
+        finite, a per-token term <= 0 or a negative per-pair term raises
+        InvalidArgument and the gate keeps the cost it had. Ignored in
+        reference mode."""
+        with self._use() as g:
+            check(self._lib.kvgate_set_rebuild_cost(g, float(secs_per_token), float(secs_per_pair)))
+
     def stats(self) -> Stats:
         out = _ffi.kvgate_stats()
         with self._use() as g:

@@ -53,7 +53,8 @@ kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and 
 USAGE:
     kvgate-sim [--scenario NAME|PATH|all|tiered] [--seed N] [--out DIR] [--policies LIST] [--full] [--sweep]
     kvgate-sim --judge [--scenario NAME|PATH|all|tiered] [--seeds 1-5] [--policies LIST] [--out DIR]
-    (either form also takes --profile NAME|PATH, --capacity-probe full|no-rate|usage-only|no-tier,
+    (either form also takes --profile NAME|PATH,
+     --capacity-probe full|no-cost|no-rate|usage-only|no-tier,
      --host-prompt tokens|length, --host-finish told|untold,
      --host-report cached|output-only, --routing sticky|hash|least-loaded
      and --vary LIST)
@@ -82,8 +83,10 @@ OPTIONS:
     --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
     --capacity-probe P
                    what the engines tell the gate's capacity probe: full (KV tokens, block
-                   size, the median prefill rate of recent steps), no-rate (KV tokens and
-                   block size only), usage-only (nothing: the gate has the usage gauge),
+                   size, the median prefill rate of recent steps, the rebuild cost of
+                   the step-cost model), no-cost (full without the rebuild cost: the
+                   gate learns it from turns), no-rate (KV tokens and block size only),
+                   usage-only (nothing: the gate has the usage gauge),
                    no-tier (full, but nothing of a host tier the engine offloads to)
                    [default: the scenario's, full]
     --host-prompt H

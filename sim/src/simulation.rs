@@ -25,7 +25,7 @@ use crate::policy::{Policy, PolicyKind, ProbeTarget};
 use crate::prefill_rate::StepRates;
 use crate::workload::{Start, Workload};
 use kvgate::core::LeaseToken;
-use kvgate::{EngineCapacity, KvTier, TurnReport};
+use kvgate::{EngineCapacity, KvTier, RebuildCost, TurnReport};
 
 /// Where the engines run and how far the probes travel.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -166,9 +166,14 @@ impl HostPrompt {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CapacityProbe {
-    /// KV tokens, block size and the prefill rate measured (the median of recent mostly-prefill steps).
+    /// KV tokens, block size, the prefill rate measured (the median of
+    /// recent mostly-prefill steps) and the engine's rebuild cost (its
+    /// step-cost terms, as the vLLM plugin fits them to its steps).
     #[default]
     Full,
+    /// As `Full`, without the rebuild cost: the gate learns attention's
+    /// share from the turns.
+    NoCost,
     /// KV tokens and block size, no prefill rate (a host that cannot time its steps).
     NoRate,
     /// Nothing: the gate has only the usage gauge and what turns report.
@@ -179,17 +184,40 @@ pub enum CapacityProbe {
 }
 
 impl CapacityProbe {
-    /// Parses `full`, `no-rate`, `usage-only` or `no-tier`.
+    /// Parses `full`, `no-cost`, `no-rate`, `usage-only` or `no-tier`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "full" => Ok(Self::Full),
+            "no-cost" => Ok(Self::NoCost),
             "no-rate" => Ok(Self::NoRate),
             "usage-only" => Ok(Self::UsageOnly),
             "no-tier" => Ok(Self::NoTier),
             other => Err(format!(
-                "capacity probe `{other}`: expected full, no-rate, usage-only or no-tier"
+                "capacity probe `{other}`: expected full, no-cost, no-rate, usage-only or no-tier"
             )),
         }
+    }
+}
+
+/// What re-prefilling costs an engine of this shape, as its host tells
+/// it: a prefilled token costs the linear term, half a context read (a
+/// chunk reads its own tokens too) and a full chunk's share of a step's
+/// fixed cost; an attended pair costs the attention term and a context read
+/// per chunk it spans (a chunk reads its whole context once).
+/// `None` for a profile whose prefill is free (no term charges it).
+fn rebuild_cost(e: &EngineConfig) -> Option<RebuildCost> {
+    let c = e.cost;
+    let chunk = e.max_num_batched_tokens as f64;
+    let per_token = (c.beta1_us + c.beta3_us / 2.0) * 1e-6 + c.beta0_ms * 1e-3 / chunk;
+    let per_pair = (c.beta4_us + c.beta3_us / chunk) * 1e-6;
+    RebuildCost::new(per_token, per_pair).ok()
+}
+
+/// `answer` with the engine's rebuild cost, if it has one.
+fn with_rebuild_cost(answer: EngineCapacity, e: &EngineConfig) -> EngineCapacity {
+    match rebuild_cost(e) {
+        Some(cost) => answer.with_rebuild_cost(cost),
+        None => answer,
     }
 }
 
@@ -574,10 +602,15 @@ impl Sim<'_> {
             );
             // 0 is what the probe answers for a figure it cannot tell.
             let answer = match self.deployment.capacity_probe {
-                CapacityProbe::Full => EngineCapacity::new(tokens, block, rate),
+                CapacityProbe::Full => {
+                    with_rebuild_cost(EngineCapacity::new(tokens, block, rate), &e)
+                }
+                CapacityProbe::NoCost => EngineCapacity::new(tokens, block, rate),
                 CapacityProbe::NoRate => EngineCapacity::new(tokens, block, 0.0),
                 CapacityProbe::UsageOnly => return EngineCapacity::new(0, 0, 0.0),
-                CapacityProbe::NoTier => return EngineCapacity::new(tokens, block, rate),
+                CapacityProbe::NoTier => {
+                    return with_rebuild_cost(EngineCapacity::new(tokens, block, rate), &e)
+                }
             };
             // An engine that offloads tells its tier (the vLLM plugin reads
             // it from the offloading configuration).

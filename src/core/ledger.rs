@@ -13,7 +13,7 @@ use super::attempt::Turn;
 use super::prompt::PromptSketch;
 use super::timers::NEVER;
 use super::working_set::{
-    EngineCapacity, TierError, TurnReport, Verdict, WorkingSet, WorkingSetStats,
+    EngineCapacity, RebuildCost, TierError, TurnReport, Verdict, WorkingSet, WorkingSetStats,
 };
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
@@ -214,6 +214,16 @@ impl Ledger {
         let mut stats = self.set.lock().stats();
         stats.refused_answers += self.refused_outside.load(Ordering::Relaxed);
         stats
+    }
+
+    /// The engine's rebuild cost is `cost` from `now` on.
+    pub(crate) fn set_rebuild_cost(&self, cost: RebuildCost, now: u64) -> Grants {
+        let ((), grants) = self.change(now, |set| {
+            let answer = EngineCapacity::default().with_rebuild_cost(cost);
+            // An answer of a cost alone speaks of no tier: never refused.
+            let _ = set.set_engine(answer);
+        });
+        grants
     }
 
     /// Counts an answer or report refused before it reached the set.

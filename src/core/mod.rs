@@ -664,6 +664,16 @@ impl Core {
             .map_or(Ok(()), |l| l.check_engine(engine, says_tier))
     }
 
+    /// Tells the working set what the engine's prefill costs (a host that
+    /// fits it to the engine's steps tells it again as it refits); the
+    /// windows and deadlines follow at `now`. A no-op in reference mode,
+    /// which prices nothing.
+    pub fn set_rebuild_cost(&self, cost: working_set::RebuildCost, now: u64) {
+        if let Some(ledger) = self.working_set() {
+            self.hand_over(ledger.set_rebuild_cost(cost, now));
+        }
+    }
+
     /// Counts, in [`WorkingSetStats::refused_answers`], an engine answer or
     /// turn report that a surface refused itself before it reached the
     /// working set (one [`Core::check_engine_answer`] refused, or a

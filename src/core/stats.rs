@@ -393,7 +393,7 @@ impl GateStats {
             family(name, kind, help, &[("", value)]);
         }
         let w = &self.working_set;
-        let working_set: [(&str, &str, &str, f64); 12] = [
+        let working_set: [(&str, &str, &str, f64); 14] = [
             (
                 "working_set_sessions",
                 "gauge",
@@ -429,6 +429,18 @@ impl GateStats {
                 "gauge",
                 "How long a member keeps its place between turns (the engine's cache refill time).",
                 w.window_ns as f64 / 1e9,
+            ),
+            (
+                "working_set_rebuild_seconds_per_token",
+                "gauge",
+                "What re-prefilling costs the engine per token, seconds: told by the host, else the inverse of the prefill rate (0 while unknown).",
+                w.rebuild_secs_per_token,
+            ),
+            (
+                "working_set_rebuild_seconds_per_pair",
+                "gauge",
+                "What re-prefilling costs the engine per attended query-key pair, seconds: told by the host, else learned from the turns (0: priced linearly).",
+                w.rebuild_secs_per_pair,
             ),
             (
                 "working_set_parked_total",

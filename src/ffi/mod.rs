@@ -49,6 +49,8 @@ mod stats;
 
 mod event_loop;
 
+mod rebuild_cost;
+
 // Plumbing.
 #[cfg(not(loom))]
 pub(crate) mod doorbell;
@@ -83,6 +85,7 @@ pub use gate::{
     kvgate_release_with_tier_report, KVGATE_NO_LEASE,
 };
 pub use handles::{kvgate_attempt, kvgate_config, kvgate_gate, kvgate_waker};
+pub use rebuild_cost::kvgate_set_rebuild_cost;
 pub use stats::{
     kvgate_get_session_stats, kvgate_get_stats, kvgate_metrics_text, kvgate_session_stats,
     kvgate_stats,

@@ -1,5 +1,6 @@
 //! What the C ABI tests share (`tests/ffi_*.rs`): a gate built through the
-//! configuration builder, a waker, the last error and a gate's figures.
+//! configuration builder, a waker, the last error and a gate's figures
+//! (its stats and its metrics text).
 
 #![allow(dead_code)] // each test file uses a different subset
 
@@ -7,7 +8,7 @@ use std::ffi::CStr;
 use std::mem::{size_of, MaybeUninit};
 use std::ptr;
 
-use kvgate::ffi::kvgate_status::KVGATE_OK;
+use kvgate::ffi::kvgate_status::{KVGATE_BUFFER_TOO_SMALL, KVGATE_OK};
 use kvgate::ffi::*;
 
 /// A gate in working-set (`reference == false`) or reference mode, with
@@ -60,4 +61,21 @@ pub fn stats(gate: *mut kvgate_gate) -> kvgate_stats {
     );
     // SAFETY: written on KVGATE_OK.
     unsafe { out.assume_init() }
+}
+
+/// The gate's metrics text, whole.
+pub fn metrics(gate: *mut kvgate_gate) -> String {
+    let mut needed = 0usize;
+    // SAFETY: a live gate; a NULL buffer with cap 0 asks the size.
+    let status = unsafe { kvgate_metrics_text(gate, ptr::null_mut(), 0, &mut needed) };
+    assert_eq!(status, KVGATE_BUFFER_TOO_SMALL);
+    let mut buf = vec![0u8; needed + 64];
+    // SAFETY: a live gate and `buf.len()` writable bytes.
+    let status =
+        unsafe { kvgate_metrics_text(gate, buf.as_mut_ptr().cast(), buf.len(), &mut needed) };
+    assert_eq!(status, KVGATE_OK);
+    CStr::from_bytes_until_nul(&buf)
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
 }

@@ -152,27 +152,36 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         if !self.holding {
             return;
         }
-        while self.load() as f64 > self.capacity.tokens() && self.park_lru(now, keep) {}
+        while self.load() as f64 > self.capacity.tokens() && self.park_lru(now, keep).is_some() {}
     }
 
     /// Parks members between turns, least recently released first, until
     /// `need` more tokens fit beside the rest (or nobody is left to park).
-    /// Returns the parked members' own tokens: what their returns will
-    /// re-prefill.
-    fn park_until_fits(&mut self, need: u64, now: u64) -> u64 {
-        let own_before = self.own_sum;
-        while !self.fits_beside_members(need) && self.park_lru(now, None) {}
-        own_before.saturating_sub(self.own_sum)
+    /// Returns what their returns will cost the engine: the seconds to
+    /// rebuild each one's own tokens.
+    fn park_until_fits(&mut self, need: u64, now: u64) -> f64 {
+        let mut rebuild = 0.0;
+        while !self.fits_beside_members(need) {
+            let Some(own) = self.park_lru(now, None) else {
+                break;
+            };
+            rebuild += self
+                .capacity
+                .rebuild_secs(self.shared.tokens, own)
+                .unwrap_or(0.0);
+        }
+        rebuild
     }
 
-    /// What the rotation budget refills by, tokens a second: `1 / B` of the
-    /// prefill rate (`B` the wait bound in windows), so that forced parks
-    /// re-prefill at most one cache per `B` windows; 0 while the rate is
-    /// unknown (the budget is not consulted then).
+    /// What the rotation budget refills by, engine seconds a second: `1 / B`
+    /// (`B` the wait bound in windows), so that forced parks cost at most
+    /// `1 / B` of the engine's time in rebuilds; 0 while the engine's cost
+    /// is unknown (the budget is not consulted then).
     fn rotation_refill_rate(&self) -> f64 {
         let windows = self.tuning.wait_bound_windows;
-        if windows > 0.0 && windows.is_finite() {
-            self.capacity.prefill_rate() / windows
+        let priced = self.capacity.rebuild_secs(0, 1).is_some();
+        if priced && windows > 0.0 && windows.is_finite() {
+            1.0 / windows
         } else {
             0.0
         }
@@ -184,7 +193,9 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         if per_sec <= 0.0 {
             return true;
         }
-        let cap = self.capacity.tokens();
+        // At most a refill of the cache: what the first head past its bound
+        // finds after waiting `B` windows.
+        let cap = self.capacity.window_ns() as f64 / 1e9;
         self.rotation_budget.refill(now, per_sec, cap);
         self.rotation_budget.allows()
     }
@@ -192,14 +203,14 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// Parks the member between turns released longest ago (never `keep`):
     /// the one whose blocks the engine evicts first whichever member the
     /// gate parks, so parking any other would lose both.
-    fn park_lru(&mut self, now: u64, keep: Option<Slot>) -> bool {
-        let victim = self.idle.iter(&self.sessions).find(|&s| Some(s) != keep);
-        let Some(victim) = victim else {
-            return false;
-        };
+    /// Returns the parked member's own tokens, or `None` if nobody could
+    /// be parked.
+    fn park_lru(&mut self, now: u64, keep: Option<Slot>) -> Option<u64> {
+        let victim = self.idle.iter(&self.sessions).find(|&s| Some(s) != keep)?;
+        let own = self.own(victim, self.sessions[victim].member()?.footprint);
         self.leave(victim, now, super::lifecycle::Leaving::BetweenTurns);
         self.parked += 1;
-        true
+        Some(own)
     }
 
     /// When the queue head reaches the wait bound, if it has not yet (a

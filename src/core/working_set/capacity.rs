@@ -1,8 +1,10 @@
 //! What the cache holds and how fast the engine refills it: the capacity
-//! in tokens, the prefill rate, and the refill window `C / r` they give.
+//! in tokens, the prefill rate, the refill window `C / r` they give, and
+//! what rebuilding a history of a given length costs (module `rebuild`).
 
 use std::collections::VecDeque;
 
+use super::rebuild::LearnedPairCost;
 use super::tuning::{USAGE_SAMPLES, USAGE_SAMPLE_FLOOR};
 use super::{EngineCapacity, KvTier};
 
@@ -18,6 +20,9 @@ pub(super) struct Capacity {
     /// prompt tokens over the turn's time, a lower bound (the turn also
     /// waited and decoded); the best seen.
     reported_rate: f64,
+    /// The per-pair rebuild cost learned from turn reports, for an engine
+    /// that tells no rebuild cost.
+    learned_pairs: LearnedPairCost,
     /// The refill window in force, ns.
     window: u64,
     initial_window: u64,
@@ -30,6 +35,7 @@ impl Capacity {
             estimate: None,
             usage_samples: VecDeque::new(),
             reported_rate: 0.0,
+            learned_pairs: LearnedPairCost::default(),
             window: initial_window,
             initial_window,
         }
@@ -53,6 +59,9 @@ impl Capacity {
         }
         if engine.tier.is_some() {
             self.engine.tier = engine.tier;
+        }
+        if engine.rebuild_cost.is_some() {
+            self.engine.rebuild_cost = engine.rebuild_cost;
         }
         self.update_window();
     }
@@ -88,10 +97,50 @@ impl Capacity {
         self.update_window();
     }
 
-    /// A turn reported that it prefilled `uncached` tokens in `secs`.
-    pub(super) fn report_turn(&mut self, uncached: u64, secs: f64) {
+    /// A turn reported that it prefilled `uncached` tokens after `cached`
+    /// ones in `secs`.
+    pub(super) fn report_turn(&mut self, cached: u64, uncached: u64, secs: f64) {
         self.reported_rate = self.reported_rate.max(uncached as f64 / secs);
         self.update_window();
+        if self.engine.rebuild_cost.is_none() {
+            self.learned_pairs.turn(cached, uncached, secs);
+        }
+    }
+
+    /// Seconds per prefilled token: the inverse of the prefill rate in
+    /// force (0 while unknown). A rebuild runs in the engine's batches like
+    /// any prefill, so the rate the engine measures over its own steps
+    /// prices it; the per-token term of a told rebuild cost stands in while
+    /// no rate is measured ([`Capacity::prefill_rate`]).
+    pub(super) fn secs_per_token(&self) -> f64 {
+        let rate = self.prefill_rate();
+        if rate > 0.0 {
+            1.0 / rate
+        } else {
+            0.0
+        }
+    }
+
+    /// Seconds per attended pair: the engine's rebuild cost, else the one
+    /// learned from turns (0: priced linearly).
+    pub(super) fn secs_per_pair(&self) -> f64 {
+        match self.engine.rebuild_cost {
+            Some(c) => c.secs_per_pair(),
+            None => self.learned_pairs.secs_per_pair(),
+        }
+    }
+
+    /// Seconds the engine takes to re-prefill `own` tokens after a cached
+    /// `prefix`: the linear part at [`Capacity::secs_per_token`], the
+    /// attention at [`Capacity::secs_per_pair`]; `None` while no rate is
+    /// known.
+    pub(super) fn rebuild_secs(&self, prefix: u64, own: u64) -> Option<f64> {
+        let per_token = self.secs_per_token();
+        if per_token <= 0.0 {
+            return None;
+        }
+        let pairs = own as f64 * prefix as f64 + own as f64 * (own as f64 + 1.0) / 2.0;
+        Some(per_token * own as f64 + self.secs_per_pair() * pairs)
     }
 
     /// Capacity in force, tokens (infinite while unknown: everyone fits).
@@ -125,11 +174,14 @@ impl Capacity {
         tokens.div_ceil(block) * block
     }
 
-    /// The prefill rate in force, tokens/s: the engine's, else the one
-    /// measured from turn reports (0 while neither is known).
+    /// The prefill rate in force, tokens/s: the engine's, else that of its
+    /// rebuild cost's per-token term, else the one measured from turn
+    /// reports (0 while none is known).
     pub(super) fn prefill_rate(&self) -> f64 {
         if self.engine.prefill_tokens_per_sec > 0.0 {
             self.engine.prefill_tokens_per_sec
+        } else if let Some(c) = self.engine.rebuild_cost {
+            1.0 / c.secs_per_token()
         } else {
             self.reported_rate
         }

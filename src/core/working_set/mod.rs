@@ -15,7 +15,9 @@
 //! requests, and a session in a tool call is invisible to it.
 //!
 //! So the working set counts, in tokens of KV (module `capacity` for the
-//! capacity `C` and the engine's prefill rate `r`):
+//! capacity `C` and the engine's prefill rate `r`; module `rebuild` for
+//! `T(o)`, what re-prefilling `o` tokens of a history costs the engine, its
+//! attention over the history included):
 //! - each member's **footprint**: its newest prompt plus its output,
 //!   whole blocks; the **shared prefix** is counted once for all sessions
 //!   (module `shared_prefix`);
@@ -33,7 +35,11 @@
 //! **refill window**. A member keeps its place for one window after each
 //! turn, unless its own tool calls usually outlast the window (module
 //! `window`), or the host tells no ends and the session has run the turns
-//! sessions usually end after.
+//! sessions usually end after. The window stays linear in the history:
+//! `r` is measured over the engine's own steps, whose chunks already
+//! attend over the histories they extend, and pricing a long member's
+//! window by `T(o)` lengthened it past what its tool calls pay for
+//! (`docs/decisions/rebuild-cost.md`).
 //!
 //! The rule that lets others in (module `admission`): a member's turn
 //! always goes in; everyone else queues, first come first served. The
@@ -44,8 +50,9 @@
 //! the members no longer fit, the member between turns released longest
 //! ago is **parked**: the engine would evict its blocks first anyway. A
 //! head that has waited `B` windows (the **wait bound**) has members
-//! between turns parked for it: each park costs at most a window of
-//! re-prefill, so the bound costs at most `1/B` of the engine.
+//! between turns parked for it, paid from a budget of `1/B` of the
+//! engine's time in rebuilds, each priced at `T(o)` (module
+//! `rotation_budget`).
 //!
 //! With a host tier behind the cache (module `tier`), a parked member
 //! comes back by a copy at the tier's reload rate `R` instead: the same
@@ -71,6 +78,7 @@ mod holding;
 mod lifecycle;
 mod lifetimes;
 mod queue;
+mod rebuild;
 mod roster;
 mod rotation_budget;
 mod shared_prefix;
@@ -94,6 +102,7 @@ use estimates::Means;
 use lifecycle::{Member, Session, Stage};
 use lifetimes::Lifetimes;
 use queue::Queue;
+pub use rebuild::{CostError, RebuildCost};
 use roster::{Ghosts, IdleList};
 use rotation_budget::RotationBudget;
 use shared_prefix::{InFlight, SharedPrefix};
@@ -126,6 +135,9 @@ pub struct EngineCapacity {
     /// The host tier behind the GPU cache, if the engine offloads KV
     /// ([`EngineCapacity::with_tier`]); `None` says nothing of a tier.
     pub tier: Option<KvTier>,
+    /// What the engine's prefill costs ([`EngineCapacity::with_rebuild_cost`]);
+    /// `None` keeps what was told before, or the estimate learned from turns.
+    pub rebuild_cost: Option<RebuildCost>,
 }
 
 impl EngineCapacity {
@@ -141,6 +153,7 @@ impl EngineCapacity {
             block_tokens,
             prefill_tokens_per_sec: rate,
             tier: None,
+            rebuild_cost: None,
         }
     }
 }
@@ -204,6 +217,14 @@ pub struct WorkingSetStats {
     pub shared_prefix_tokens: u64,
     /// The refill window, ns.
     pub window_ns: u64,
+    /// What re-prefilling costs the engine per token, seconds: told by the
+    /// host ([`RebuildCost`]), else the inverse of the prefill rate (0
+    /// while unknown).
+    pub rebuild_secs_per_token: f64,
+    /// What re-prefilling costs the engine per attended query-key pair,
+    /// seconds: told by the host, else learned from the turns (0: a
+    /// rebuild is priced linearly).
+    pub rebuild_secs_per_pair: f64,
     /// Members parked so far.
     pub parked: u64,
     /// Whether holding sessions out pays ([`WorkingSet::holding_pays`]), as
@@ -504,6 +525,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             capacity_tokens: self.capacity.known().map_or(0, |c| c as u64),
             shared_prefix_tokens: self.shared.tokens,
             window_ns: self.window_ns(),
+            rebuild_secs_per_token: self.capacity.secs_per_token(),
+            rebuild_secs_per_pair: self.capacity.secs_per_pair(),
             parked: self.parked,
             holding: self.holding,
             horizon_turns: self.means.turns_in(self.window_ns()),

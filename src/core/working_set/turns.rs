@@ -269,6 +269,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         }
         let secs = now.saturating_sub(admitted_at).max(1) as f64 / 1e9;
         self.capacity
-            .report_turn(prompt.saturating_sub(cached), secs);
+            .report_turn(cached, prompt.saturating_sub(cached), secs);
     }
 }
