@@ -45,6 +45,14 @@ most 5 columns, so the refit is a few small solves, bounded (MAX_ITER), on
 the engine thread between steps: 0.4 ms (median; 4.7 ms at worst) for 256
 kept steps on a loaded 2-core VM, once every REFIT_STEPS steps.
 
+A co-tenant's load is fitted as the engine's own cost. On the 2-core VM at
+a load average of 7-12 (other jobs compiling and simulating), one
+`bench/real_engine.py --policies kvgate --sessions 12 --turns 8` run's
+steps took a median 10.7x what sim/profiles/cpu-small.toml predicts for
+them, and the engine published 215 us/token and 172 ns/pair against the
+profile's 62 us and 59 ns (b0 210 ms against 5.2 ms); unconstrained least
+squares over the same 626 steps gave b3 = -9.4 us per context token.
+
 Published: the rebuild cost of the last refit, or (0, 0) while it is
 unusable: fewer than MIN_STEPS steps kept, fewer than MIN_PREFILL_STEPS of
 them prefilled (the prefill and attention terms are then not determined), or
