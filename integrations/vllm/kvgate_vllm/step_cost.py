@@ -66,6 +66,7 @@ VM) and a deque append.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
@@ -85,6 +86,9 @@ MAX_ITER = 30
 TERMS = ("b0", "b1_prefill", "b2_decode", "b3_context", "b4_attn_pairs")
 
 _COSTS = "_kvgate_step_costs"
+_BROKEN = "_kvgate_step_costs_broken"
+
+logger = logging.getLogger("kvgate_vllm.step_cost")
 
 
 class StepLoad(NamedTuple):
@@ -266,5 +270,15 @@ def published(core: Any) -> tuple[float, float]:
 
 
 def record(core: Any, scheduler_output: Any, seconds: float) -> None:
-    """Keeps one timed step of the engine core (kvgate_vllm.prefill_rate)."""
-    of(core).record(step_load(scheduler_output, core.scheduler.requests), seconds)
+    """Keeps one timed step of the engine core (kvgate_vllm.prefill_rate).
+    A measurement never fails the engine's step: an error (a vLLM whose
+    scheduler or requests look otherwise, a failed solve) is logged once,
+    and the engine's steps are no longer fitted (its cost stays what it was
+    published; 0 before a fit)."""
+    if core.__dict__.get(_BROKEN):
+        return
+    try:
+        of(core).record(step_load(scheduler_output, core.scheduler.requests), seconds)
+    except Exception as e:  # noqa: BLE001 - the engine's step must go on
+        core.__dict__[_BROKEN] = True
+        logger.warning("kvgate: the engine's step costs are no longer fitted (%s: %s)", type(e).__name__, e)

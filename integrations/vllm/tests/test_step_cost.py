@@ -286,3 +286,15 @@ def test_the_engine_fits_its_steps_and_the_gate_is_told_the_cost(engine: Any) ->
     assert gauge(gate, PER_TOKEN) == pytest.approx(per_token, rel=1e-12)
     assert gauge(gate, PER_PAIR) == pytest.approx(per_pair, rel=1e-12)
     gate.close()
+
+
+def test_a_measurement_that_fails_never_fails_the_engines_step(caplog: pytest.LogCaptureFixture) -> None:
+    chunk = SimpleNamespace(max_num_batched_tokens=CHUNK)
+    core = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=chunk), scheduler=SimpleNamespace())  # no `requests`
+    out = SimpleNamespace(num_scheduled_tokens={"a": 5})
+    with caplog.at_level(logging.WARNING, logger="kvgate_vllm.step_cost"):
+        for _ in range(3):
+            step_cost.record(core, out, 0.01)
+    assert [r.levelname for r in caplog.records] == ["WARNING"]  # once
+    assert "no longer fitted" in caplog.text
+    assert step_cost.published(core) == (0.0, 0.0)
