@@ -30,7 +30,10 @@ tokens), hit rate over the last third of turns, prefilled tokens (uncached promp
 tokens the engine scheduled, recomputation included), first/last-turn mean latency,
 p99 turn latency (wait included) and the longest wait, admissions by reason, for
 kvgate the mean and max of its working-set gauges (sampled every 0.5 s; the samples
-go to the JSON), and the best fixed cap. `--steps-csv` writes every engine
+go to the JSON), the step costs the engine fitted to its last steps and the
+rebuild cost they give (kvgate_vllm.step_cost; kvgate's gate is told it as
+`vllm serve`'s is, through kvgate_vllm.feedback), and the best fixed cap.
+`--steps-csv` writes every engine
 step (duration vs scheduled prefill tokens, decode sequences, context tokens and
 attention pairs) for the simulator's step-time fit (`kvgate-sim --fit-steps F`);
 `--json` writes the results, with every turn (`turn_rows`: session, turn, prompt
@@ -64,7 +67,7 @@ from typing import Any, Callable, Optional
 
 import kvgate
 
-from kvgate_vllm import feedback, knobs, prefill_rate
+from kvgate_vllm import feedback, knobs, prefill_rate, step_cost
 from kvgate_vllm.testing.engine import core_of, make_engine, sampling
 from kvgate_vllm.testing.workload import Workload
 
@@ -178,26 +181,6 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _prefill_decode(self, out: Any) -> tuple[int, int, int, int, int, int]:
-        """Scheduled tokens split into prompt (prefill) and decode, per request; the
-        context they attend over (each scheduled request's computed tokens after the step)
-        and the query-key pairs attended (the simulator's step model, sim/src/engine/step_time.rs)."""
-        if out is None:
-            return 0, 0, 0, 0, 0, 0
-        reqs = self.core.scheduler.requests
-        pf = dc = npf = ndc = ctx = pairs = 0
-        for rid, n in out.num_scheduled_tokens.items():
-            req = reqs.get(rid)
-            after = req.num_computed_tokens if req is not None else n
-            before = after - n
-            prompt_len = req.num_prompt_tokens if req is not None else 0
-            p = max(0, min(after, prompt_len) - before)
-            pf, dc = pf + p, dc + (n - p)
-            npf, ndc = npf + (p > 0), ndc + (p == 0)
-            ctx += after
-            pairs += n * before + n * (n + 1) // 2
-        return pf, dc, npf, ndc, ctx, pairs
-
     def run(self, t0: float) -> None:
         engine, sched = self.engine, self.core.scheduler
         while not self.stop:
@@ -208,7 +191,7 @@ class EngineLoop:
             start = time.perf_counter()
             outputs = engine.step()
             dur = time.perf_counter() - start
-            pf, dc, npf, ndc, ctx, pairs = self._prefill_decode(self._last_sched)
+            pf, dc, npf, ndc, ctx, pairs = step_cost.step_load(self._last_sched, sched.requests)
             if pf or dc:
                 self.steps.append(
                     StepRow(start - t0, dur * 1e3, pf, dc, npf, ndc, len(sched.running), len(sched.waiting),
@@ -257,12 +240,25 @@ class KvgateAdmission(Admission):
         self.tell_ends = tell_ends
         self.loop = loop
         core = loop.core
-        capacity = feedback.capacity_of(core.kvgate_capacity())  # asked on the engine thread, before it runs
-        assert capacity is not None
+        answer = feedback.answer_of(core.kvgate_capacity())  # asked on the engine thread, before it runs
+        capacity = feedback.capacity_of(answer)
+        assert answer is not None and capacity is not None
+
+        self._rebuild_lock = threading.Lock()
+        self._rebuild_seen: Optional[tuple[float, float]] = None
 
         def capacity_now(sid: bytes) -> kvgate.Capacity:
-            # The blocks never change; the engine's measured prefill rate is a
-            # float the engine thread writes and this reads (one dict lookup).
+            # The blocks never change; the engine's measured prefill rate and
+            # fitted rebuild cost are what the engine thread last wrote, read
+            # here with a dict lookup each (what its kvgate_capacity answers).
+            # A new cost is told to the gate as vllm serve tells it.
+            per_token, per_pair = step_cost.published(core)
+            with self._rebuild_lock:
+                self._rebuild_seen = feedback.tell_rebuild_cost(
+                    self.gate,
+                    answer._replace(rebuild_secs_per_token=per_token, rebuild_secs_per_pair=per_pair),
+                    self._rebuild_seen,
+                )
             return capacity._replace(prefill_tokens_per_sec=prefill_rate.typical_rate(core))
 
         self.gate = kvgate.Gate(
@@ -395,6 +391,9 @@ def run_policy(policy: str, workload: Workload, engine_kwargs: dict[str, Any], s
     admission.close()
     if errors:
         raise errors[0]
+    costs = step_cost.of(loop.core)
+    costs.refit()  # the engine's fit over its last kept steps, as the run ended
+    fit, rebuild = costs.last_fit, costs.cost
     del engine
     steps_out.extend(steps)
     prompt_total = sum(t.prompt_tokens for t in turns)
@@ -422,6 +421,13 @@ def run_policy(policy: str, workload: Workload, engine_kwargs: dict[str, Any], s
         "admissions_by_reason": admission.reasons(),
         "working_set_gauges": gauges,
         "turns": len(turns),
+        # The step costs the engine fitted to its own steps (kvgate_vllm.step_cost,
+        # seconds per unit) and the rebuild cost they give (0, 0: no usable fit).
+        "step_cost_fit": None if fit is None else {
+            **dict(zip(step_cost.TERMS, fit.coef)), "steps": fit.steps, "prefill_steps": fit.prefill_steps,
+            "rms_ms": fit.rms_sec * 1e3,
+        },
+        "rebuild_cost": {"secs_per_token": rebuild[0], "secs_per_pair": rebuild[1]},
         "steps": len(steps),
         "turn_rows": [dataclasses.asdict(t) for t in sorted(turns, key=lambda t: t.start_sec)],
     }
@@ -558,6 +564,13 @@ def main() -> None:
             print(f"{policy}: {r['makespan_sec']:.1f} s, hit rate {100 * r['hit_rate']:.1f}%, prefilled {r['prefilled_tokens']:,}, "
                   f"p99 turn {r['p99_turn_latency_sec']:.2f} s, max wait {r['max_wait_sec']:.2f} s, "
                   f"admissions {r['admissions_by_reason'] or '-'}", flush=True)
+            f = r["step_cost_fit"]
+            if f is not None:
+                print(f"    engine's step-cost fit over its last {f['steps']} steps ({f['prefill_steps']} prefilling): "
+                      f"b0 {f['b0'] * 1e3:.4g} ms, b1 {f['b1_prefill'] * 1e6:.4g} us, b2 {f['b2_decode'] * 1e6:.4g} us, "
+                      f"b3 {f['b3_context'] * 1e6:.4g} us, b4 {f['b4_attn_pairs'] * 1e6:.4g} us, rms {f['rms_ms']:.2f} ms; "
+                      f"rebuild {r['rebuild_cost']['secs_per_token'] * 1e6:.4g} us/token, "
+                      f"{r['rebuild_cost']['secs_per_pair'] * 1e9:.4g} ns/pair", flush=True)
             for k, v in r["working_set_gauges"].get("summary", {}).items():
                 print(f"    {k}: mean {v['mean']:.4g}, max {v['max']:.4g}", flush=True)
         rounds.append(this_round)

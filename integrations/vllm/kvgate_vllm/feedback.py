@@ -10,6 +10,12 @@ count, reported when the turn's lease is released (`release`:
 (bench/real_engine.py) and the in-server gate (kvgate_vllm.serve) call only
 these functions.
 
+The rebuild cost: the capacity answer carries `rebuild_secs_per_token`
+and `rebuild_secs_per_pair`, fitted to the engine's own steps
+(kvgate_vllm.step_cost, 0 before a usable fit). `tell_rebuild_cost` tells
+the gate each new one (`kvgate.Gate.set_rebuild_cost`); one the gate
+refuses is a logged warning, and the gate keeps the cost it had.
+
 The host tier (an engine that offloads KV to host memory, kvgate_vllm.offload):
 the capacity answer carries `tier_tokens` and `reload_tokens_per_sec`, which
 `accept` checks against the answer known before. The gate refuses (ValueError
@@ -53,10 +59,21 @@ class EngineAnswer(NamedTuple):
     prefill_tokens_per_sec: float
     tier_tokens: float = 0
     reload_tokens_per_sec: float = 0.0
+    # The engine's rebuild cost (kvgate_vllm.step_cost), as it sent it (0, 0:
+    # none yet); checked by the gate when told (`tell_rebuild_cost`).
+    rebuild_secs_per_token: float = 0.0
+    rebuild_secs_per_pair: float = 0.0
 
     @property
     def has_tier(self) -> bool:
         return self.tier_tokens > 0
+
+    @property
+    def rebuild_cost(self) -> Optional[tuple[float, float]]:
+        """(secs_per_token, secs_per_pair) when the answer carries a cost
+        (either term not 0, NaN included: the gate judges it), else None."""
+        cost = (self.rebuild_secs_per_token, self.rebuild_secs_per_pair)
+        return None if cost == (0.0, 0.0) else cost
 
 
 def answer_of(answer: Optional[dict[str, Any]]) -> Optional[EngineAnswer]:
@@ -69,6 +86,8 @@ def answer_of(answer: Optional[dict[str, Any]]) -> Optional[EngineAnswer]:
         float(answer.get("prefill_tokens_per_sec", 0.0)),
         _number(answer.get("tier_tokens", 0)),
         _number(answer.get("reload_tokens_per_sec", 0.0)),
+        _number(answer.get("rebuild_secs_per_token", 0.0)),
+        _number(answer.get("rebuild_secs_per_pair", 0.0)),
     )
 
 
@@ -111,6 +130,25 @@ def accept(
         return known, problem
     logger.warning("kvgate: engine %s's capacity answer refused (%s): its GPU cache is kept, without a tier", engine, problem)
     return new._replace(tier_tokens=0, reload_tokens_per_sec=0.0), problem
+
+
+def tell_rebuild_cost(
+    gate: kvgate.Gate, answer: Optional[EngineAnswer], seen: Optional[tuple[float, float]], engine: Any = 0
+) -> Optional[tuple[float, float]]:
+    """Tells `gate` the rebuild cost an accepted answer carries, when it
+    carries one other than `seen` (the last one this engine's answers carried,
+    told or refused; None at first); returns the one seen now. A cost the gate
+    refuses (kvgate.InvalidArgument: a term not finite, a per-token term not
+    > 0, a negative per-pair term) is a logged warning, once per cost, and the
+    gate keeps the cost it had."""
+    cost = answer.rebuild_cost if answer is not None else None
+    if cost is None or (seen is not None and [float(x).hex() for x in cost] == [float(x).hex() for x in seen]):
+        return seen  # none carried, or the one seen (compared by bits: NaN is the same NaN)
+    try:
+        gate.set_rebuild_cost(*cost)
+    except kvgate.InvalidArgument as e:
+        logger.warning("kvgate: engine %s's rebuild cost %r refused (%s): the gate keeps the cost it had", engine, cost, e)
+    return cost
 
 
 def to_capacity(answer: Optional[EngineAnswer]) -> Optional[kvgate.Capacity]:

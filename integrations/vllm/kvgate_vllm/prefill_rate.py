@@ -28,9 +28,14 @@ cap (68-71% hits, 39-46 parks); answering 0.6 of it, about the median, 0.996x
 execution, so a step's time is not its work: it is not timed. With it, the
 capacity probe answers no rate, and the gate falls back to the turn reports.
 
-Cost per step: two `perf_counter` calls and a sum over the step's scheduled
-requests. The scheduler's `schedule` is wrapped on the instance (its class
-varies with the configuration) to see what the step scheduled.
+Each timed step is also kept for the fit of the engine's step costs
+(kvgate_vllm.step_cost), which the capacity answer turns into the rebuild
+cost it carries; with pipeline parallelism there is none either.
+
+Cost per step: two `perf_counter` calls, a sum over the step's scheduled
+requests, and step_cost's pass over them. The scheduler's `schedule` is
+wrapped on the instance (its class varies with the configuration) to see
+what the step scheduled.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ import statistics
 import time
 from collections import deque
 from typing import Any, Callable
+
+from . import step_cost
 
 #: Steps whose prefill is below this fraction of the token budget are not sampled.
 MIN_BUDGET_FRACTION = 0.25
@@ -107,6 +114,7 @@ def timed(step: Callable[..., Any]) -> Callable[..., Any]:
         scheduled = self.__dict__.pop(_SCHEDULED, None)
         if scheduled is not None:
             _record(self, scheduled, seconds)
+            step_cost.record(self, scheduled, seconds)
         return result
 
     timed_step._kvgate_timed = True  # type: ignore[attr-defined]

@@ -10,7 +10,10 @@ calls on the `EngineCore` object:
 - `kvgate_capacity()` -> dict: `num_gpu_blocks`, `block_size`, `capacity_tokens`
   (num_gpu_blocks x block_size), `usable_tokens` (minus the null block) and
   `prefill_tokens_per_sec` (the median prefill rate of the engine's recent
-  mostly-prefill steps, 0 before any; kvgate_vllm.prefill_rate), and the
+  mostly-prefill steps, 0 before any; kvgate_vllm.prefill_rate),
+  `rebuild_secs_per_token` and `rebuild_secs_per_pair` (what re-prefilling a
+  history costs, from the step costs fitted to the engine's recent steps, 0
+  before a usable fit; kvgate_vllm.step_cost), and the
   host tier when the engine offloads KV (`tier_tokens`, 0 when none;
   `reload_tokens_per_sec`; `kv_bytes_per_token`, `tier_bytes`,
   `tier_backend`; kvgate_vllm.offload).
@@ -38,7 +41,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Optional, Sequence
 
-from . import offload, prefill_rate
+from . import offload, prefill_rate, step_cost
 
 #: Sessions whose hash chains are kept per engine (LRU beyond that).
 MAX_CACHED_CHAINS = 4096
@@ -137,12 +140,15 @@ def kvgate_usage(self: Any) -> float:
 def kvgate_capacity(self: Any) -> dict[str, Any]:
     pool = _kv_manager(self).block_pool
     block_size = int(self.vllm_config.cache_config.block_size)
+    per_token, per_pair = step_cost.published(self)
     return {
         "num_gpu_blocks": int(pool.num_gpu_blocks),
         "block_size": block_size,
         "capacity_tokens": int(pool.num_gpu_blocks) * block_size,
         "usable_tokens": (int(pool.num_gpu_blocks) - 1) * block_size,
         "prefill_tokens_per_sec": prefill_rate.typical_rate(self),
+        "rebuild_secs_per_token": per_token,
+        "rebuild_secs_per_pair": per_pair,
         **offload.tier_answer(self),
     }
 

@@ -44,6 +44,13 @@ every OpenAI endpoint makes per request) and adds a small ASGI middleware:
   previous answer (kvgate_vllm.feedback.accept). Each turn of an engine with a
   tier is released with the prompt tokens its connector loaded as its tier
   hits (`tier_cached_tokens`, at most its cached tokens).
+- Rebuild cost: an accepted capacity answer that carries the engine's
+  rebuild cost (`rebuild_secs_per_token`, `rebuild_secs_per_pair`, fitted to
+  its steps: kvgate_vllm.step_cost) tells it to that engine's gate
+  (`Gate.set_rebuild_cost`) when it changed; a cost the gate refuses is a
+  logged warning, and the gate keeps the cost it had
+  (kvgate_vllm.feedback.tell_rebuild_cost). The cost in force is the
+  library's `kvgate_working_set_rebuild_seconds_per_token` / `_per_pair`.
 - Refusal mode (KVGATE_VLLM_REFUSE_NEW=1, off by default): the acquire makes
   one pass (`timeout=0`) instead of waiting. A turn the gate admits at once
   runs as always: every turn of a working-set member does (the table admits a
@@ -102,7 +109,7 @@ FINAL_HEADERS = ("x-dynamo-session-final", "x-session-final")
 #: without it); the utility call's late answer is dropped by vLLM.
 PROBE_TIMEOUT_SEC = 30.0
 #: How old a cached capacity answer may get before it is asked again (its
-#: prefill rate improves as the engine runs).
+#: prefill rate and rebuild cost improve as the engine runs).
 CAPACITY_REFRESH_SEC = 5.0
 
 _headers: contextvars.ContextVar[Optional[dict[str, str]]] = contextvars.ContextVar("kvgate_headers", default=None)
@@ -202,12 +209,16 @@ class Gates:
         self.keys: dict[bytes, CacheKey] = {}
         # The engine's kvgate_capacity answer per engine, and when it was asked
         # (time.monotonic()): its blocks never change, its measured prefill rate
-        # only improves, so it is asked again now and then (CAPACITY_REFRESH_SEC).
+        # and rebuild cost follow the engine's recent steps, so it is asked
+        # again now and then (CAPACITY_REFRESH_SEC).
         self.capacities: dict[int, tuple[kvgate.Capacity, float]] = {}
         # The answer behind each cached capacity, as accepted (its tier checked
         # against the one before), and the answers refused.
         self.answers: dict[int, feedback.EngineAnswer] = {}
         self.tier_refused: dict[int, int] = {}
+        # The rebuild cost each engine's accepted answers last carried (told
+        # to its gate, or refused by it: feedback.tell_rebuild_cost).
+        self.rebuild_seen: dict[int, Optional[tuple[float, float]]] = {}
         self._capacity_asks: dict[int, asyncio.Future] = {}
         # Refusal mode (KVGATE_VLLM_REFUSE_NEW) and the turns refused per engine.
         self.refuse_new = knobs_mod.refuse_new()
@@ -250,7 +261,8 @@ class Gates:
     async def capacity(self, rank: int) -> Optional[kvgate.Capacity]:
         """The engine's KV capacity: asked once (concurrent first probes share
         the one ask), then cached; a failed ask is asked again next time. The
-        engine's prefill rate is measured as it runs, so a cached answer older
+        engine's prefill rate and rebuild cost are measured as it runs (the
+        cost told to the gate when it changes), so a cached answer older
         than CAPACITY_REFRESH_SEC is refreshed in the background: the probe
         answers the cached one at once, and costs one UTILITY call per
         refresh period, not one per admission."""
@@ -291,6 +303,9 @@ class Gates:
             self.tier_refused[rank] = self.tier_refused.get(rank, 0) + 1
         if kept is not None:
             self.answers[rank] = kept
+            gate = self.gates.get(rank)
+            if gate is not None and not gate.closed:
+                self.rebuild_seen[rank] = feedback.tell_rebuild_cost(gate, kept, self.rebuild_seen.get(rank), rank)
             # Stamped now even when the previous answer is kept: asked again
             # after CAPACITY_REFRESH_SEC, not at every probe.
             self.capacities[rank] = (feedback.to_capacity(kept), time.monotonic())

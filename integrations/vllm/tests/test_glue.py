@@ -11,7 +11,7 @@ import sys
 import kvgate
 import pytest
 
-from kvgate_vllm import knobs, serve
+from kvgate_vllm import knobs, serve, step_cost
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench" / "real_engine.py"
 spec = importlib.util.spec_from_file_location("real_engine", BENCH)
@@ -41,13 +41,15 @@ def test_each_step_records_the_simulator_s_regressors() -> None:
         # a decode after 600 computed tokens (prompt 500)
         "b": NS(num_computed_tokens=601, num_prompt_tokens=500),
     }
-    loop = NS(core=NS(scheduler=NS(requests=requests)))
     out = NS(num_scheduled_tokens={"a": 256, "b": 1})
-    pf, dc, npf, ndc, ctx, pairs = real_engine.EngineLoop._prefill_decode(loop, out)
+    # The bench's rows and the plugin's fit (kvgate_vllm.step_cost) share one computation.
+    assert real_engine.step_cost.step_load is step_cost.step_load
+    assert not hasattr(real_engine.EngineLoop, "_prefill_decode")
+    pf, dc, npf, ndc, ctx, pairs = step_cost.step_load(out, requests)
     assert (pf, dc, npf, ndc) == (256, 1, 1, 1)
     assert ctx == 1280 + 601
     assert pairs == (256 * 1024 + 256 * 257 // 2) + 601
-    assert real_engine.EngineLoop._prefill_decode(loop, None) == (0, 0, 0, 0, 0, 0)
+    assert step_cost.step_load(None, requests) == (0, 0, 0, 0, 0, 0)
     assert [f.name for f in real_engine.dataclasses.fields(real_engine.StepRow)][-2:] == ["context_tokens", "attn_pairs"]
 
 
@@ -124,6 +126,7 @@ def test_the_capacity_answer_is_refreshed_for_the_engines_measured_rate(monkeypa
     gates = object.__new__(serve.Gates)
     gates.capacities, gates._capacity_asks = {}, {}
     gates.answers, gates.tier_refused = {}, {}
+    gates.gates, gates.rebuild_seen = {}, {}
     gates._utility = utility  # the engine's UTILITY call (what is tested is the caching around it)
     now = [100.0]
     monkeypatch.setattr(serve.time, "monotonic", lambda: now[0])
