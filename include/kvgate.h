@@ -1584,11 +1584,13 @@ kvgate_status kvgate_tick(struct kvgate_gate *gate, uint64_t *out_until_ns, uint
  * attended (plus any cost per context token read, divided by the chunk
  * size). The gate prices a re-prefill of an `L`-token history after a
  * cached prefix of `p` tokens as
- * `secs_per_token·L + secs_per_pair·(L·p + L·(L+1)/2)`, and every rule
- * that trades a session's place in the cache against rebuilding it uses
- * that price. A host that fits its engine's step costs calls this again
- * whenever it refits; a host that never calls it gets a cost learned from
- * its turn reports.
+ * `secs_per_token·L + secs_per_pair·(L·p + L·(L+1)/2)`: what the wait
+ * bound's parks may spend and what running every session cold would serve
+ * are priced with it. Its linear part is taken at the prefill rate the
+ * capacity answer measures, when it gives one (a rebuild runs in the
+ * engine's batches like any prefill). A host that fits its engine's step costs
+ * calls this again whenever it refits; a host that never calls it gets a
+ * per-pair term learned from its turn reports.
  *
  * Returns `KVGATE_INVALID_ARGUMENT` (and `kvgate_last_error` names the
  * term) if `secs_per_token` is not finite and > 0 or `secs_per_pair` is
