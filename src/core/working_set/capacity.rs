@@ -113,11 +113,16 @@ impl Capacity {
     /// prices it; the per-token term of a told rebuild cost stands in while
     /// no rate is measured ([`Capacity::prefill_rate`]).
     pub(super) fn secs_per_token(&self) -> f64 {
-        let rate = self.prefill_rate();
-        if rate > 0.0 {
-            1.0 / rate
-        } else {
-            0.0
+        match self.engine.rebuild_cost {
+            Some(c) if self.engine.prefill_tokens_per_sec <= 0.0 => c.secs_per_token(),
+            _ => {
+                let rate = self.prefill_rate();
+                if rate > 0.0 {
+                    1.0 / rate
+                } else {
+                    0.0
+                }
+            }
         }
     }
 
