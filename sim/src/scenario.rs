@@ -11,7 +11,7 @@ use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt, HostR
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
-pub const BUILT_IN: [(&str, &str); 20] = [
+pub const BUILT_IN: [(&str, &str); 23] = [
     ("thrash", include_str!("../scenarios/thrash.toml")),
     ("no-pressure", include_str!("../scenarios/no-pressure.toml")),
     ("retry-storm", include_str!("../scenarios/retry-storm.toml")),
@@ -41,7 +41,16 @@ pub const BUILT_IN: [(&str, &str); 20] = [
     ("elide", include_str!("../scenarios/elide.toml")),
     ("reasoning", include_str!("../scenarios/reasoning.toml")),
     ("single-turn", include_str!("../scenarios/single-turn.toml")),
+    // Long coding-agent histories (100-200k tokens), after the others so
+    // that their rows add to the judge's record and move none of it.
+    ("swe-agent", include_str!("../scenarios/swe-agent.toml")),
+    ("claude-code", include_str!("../scenarios/claude-code.toml")),
+    ("swe-long", include_str!("../scenarios/swe-long.toml")),
 ];
+
+/// The long-history scenarios among [`BUILT_IN`]: coding agents whose
+/// histories reach 100-200k tokens.
+pub const LONG_HISTORY: [&str; 3] = ["swe-agent", "claude-code", "swe-long"];
 
 /// Scenarios whose engines offload KV to a host tier (`--scenario
 /// tiered`): kept apart from [`BUILT_IN`], whose figures are the judge's
@@ -341,6 +350,41 @@ mod tests {
                 w.max_request_tokens() < s.deployment.engine.capacity_tokens(),
                 "{name}"
             );
+        }
+    }
+
+    #[test]
+    fn long_history_scenarios_have_the_published_shape() {
+        // Coding agents (SWE-bench, Claude Code): 8-16k-token system
+        // prompts, 20-120 turns, histories of 100-200k tokens by the end,
+        // and together several times the KV cache.
+        for name in LONG_HISTORY {
+            let s = Scenario::load(name).unwrap();
+            let w = &s.workload;
+            assert!((8192..=16384).contains(&w.system_prompt_tokens), "{name}");
+            assert!(w.turns.min >= 20 && w.turns.max <= 120, "{name}");
+            let kv = s.deployment.engine.capacity_tokens();
+            for seed in 1..=5 {
+                let g =
+                    crate::workload::Workload::generate(w, s.deployment.engine.block_size, seed);
+                let mut last: Vec<usize> =
+                    g.sessions.iter().map(|x| x.max_request_tokens()).collect();
+                last.sort_unstable();
+                let median = last[last.len() / 2];
+                let total: usize = last.iter().sum();
+                eprintln!(
+                    "{name} seed {seed}: final histories {}..{} (median {median}), {:.2}x the KV cache",
+                    last[0],
+                    last[last.len() - 1],
+                    total as f64 / kv as f64
+                );
+                assert!(
+                    (100_000..=200_000).contains(&median),
+                    "{name} {seed}: {median}"
+                );
+                assert!(total >= 3 * kv, "{name} {seed}");
+                assert!(last[last.len() - 1] < kv, "{name} {seed}");
+            }
         }
     }
 
