@@ -11,7 +11,7 @@ use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt, HostR
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
-pub const BUILT_IN: [(&str, &str); 23] = [
+pub const BUILT_IN: [(&str, &str); 24] = [
     ("thrash", include_str!("../scenarios/thrash.toml")),
     ("no-pressure", include_str!("../scenarios/no-pressure.toml")),
     ("retry-storm", include_str!("../scenarios/retry-storm.toml")),
@@ -46,6 +46,7 @@ pub const BUILT_IN: [(&str, &str); 23] = [
     ("swe-agent", include_str!("../scenarios/swe-agent.toml")),
     ("claude-code", include_str!("../scenarios/claude-code.toml")),
     ("swe-long", include_str!("../scenarios/swe-long.toml")),
+    ("grpo", include_str!("../scenarios/grpo.toml")),
 ];
 
 /// The long-history scenarios among [`BUILT_IN`]: coding agents whose
