@@ -44,7 +44,8 @@ pub struct Options {
 }
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
-pub const JUDGE_POLICIES: &str = "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl";
+pub const JUDGE_POLICIES: &str =
+    "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl,prime-rl,seed-defaults";
 
 /// Usage text.
 pub const USAGE: &str = "\
@@ -69,7 +70,11 @@ OPTIONS:
     --out DIR      output root; files go to DIR/<scenario>/ [default: target/kvgate-sim]
     --policies L   comma-separated policies: names from the scenario, or specs such as
                    none, kvgate, kvgate:wm=0.3,hit=0.5,grace=10,poll=0.5, cap-8, ttl-pin:ttl=2,
-                   and cap-best (the hindsight-best fixed cap, found by sweeping K)
+                   thunderagent, progress-ttl, prime-rl (prime-rl's adaptive concurrency;
+                   prime-rl:max_len=N sets the engines' max_model_len, default 131072),
+                   seed-defaults (kvgate:mode=reference at the seed's origin defaults: wm
+                   0.85, hit 0.80, grace 60 s, poll 5 s), and cap-best (the hindsight-best
+                   fixed cap, found by sweeping K)
                    [default: none, kvgate, the peers (thunderagent, progress-ttl) and
                    cap-best; with --full, the scenario's own policies too]
     --full         every policy the scenario names and every column of the comparison
@@ -78,7 +83,8 @@ OPTIONS:
     --judge        run every policy (compact specs) on every scenario and seed and judge it
                    against that seed's hindsight-best cap and the makespan lower bound;
                    writes DIR/judge.{csv,json,md} [default policies: none, kvgate,
-                   kvgate:mode=reference, thunderagent, progress-ttl]
+                   kvgate:mode=reference, thunderagent, progress-ttl, prime-rl,
+                   seed-defaults]
     --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
     --capacity-probe P
                    what the engines tell the gate's capacity probe: full (KV tokens, block

@@ -258,6 +258,11 @@ impl Replica {
         self.waiting.len()
     }
 
+    /// Requests running (what vLLM's `num_requests_running` says).
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
     /// Requests waiting plus running: the router's load figure.
     pub fn num_requests(&self) -> usize {
         self.waiting.len() + self.running.len()
