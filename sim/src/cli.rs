@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::engine::Noise;
 use crate::policy::Policy;
 use crate::scenario::Scenario;
 use crate::simulation::{CapacityProbe, HostFinish, HostPrompt, HostReport, Routing};
@@ -41,6 +42,8 @@ pub struct Options {
     pub routing: Option<Routing>,
     /// Runs each scenario under these variations instead of as written.
     pub vary: Option<Vec<Variation>>,
+    /// Runs every scenario on a noisy engine.
+    pub noise: Option<Noise>,
 }
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
@@ -56,8 +59,8 @@ USAGE:
     kvgate-sim --judge [--scenario NAME|PATH|all|tiered] [--seeds 1-5] [--policies LIST] [--out DIR]
     (either form also takes --profile NAME|PATH, --capacity-probe full|no-rate|usage-only|no-tier,
      --host-prompt tokens|length, --host-finish told|untold,
-     --host-report cached|output-only, --routing sticky|hash|least-loaded
-     and --vary LIST)
+     --host-report cached|output-only, --routing sticky|hash|least-loaded,
+     --noise SPEC and --vary LIST)
     kvgate-sim --fit-steps STEPS.csv|STEPS.json
 
 OPTIONS:
@@ -110,6 +113,13 @@ OPTIONS:
                    stays), hash (a hash of the session id: session affinity), or
                    least-loaded (every turn anew: sessions migrate); each replica has
                    its own gate [default: the scenario's, sticky]
+    --noise N      run every scenario on a noisy engine: jitter=LO-HI (each step's cost
+                   times a log-uniform factor in [LO, HI], drawn per step from the seed),
+                   cotenant=START-END (steps begun from START to END s of simulated time
+                   cost slowdown=F times as much, default 2: another job takes half the
+                   engine), comma-separated, e.g. jitter=0.5-2,cotenant=300-900; the gate
+                   sees it only in the step times it measures [default: the scenario's
+                   [engine] jitter and cotenant, quiet]
     --vary L       run each scenario varied instead of as written: kv-half, kv-double
                    (its KV blocks), tools-x5, tools-x0.2 (its tool calls' durations),
                    out-x4 (its output tokens), sessions-x2, comma-separated, or all;
@@ -143,6 +153,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         host_report: None,
         routing: None,
         vary: None,
+        noise: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -182,6 +193,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             "--host-report" => o.host_report = Some(HostReport::parse(&value("--host-report")?)?),
             "--routing" => o.routing = Some(Routing::parse(&value("--routing")?)?),
             "--vary" => o.vary = Some(Variation::parse_list(&value("--vary")?)?),
+            "--noise" => o.noise = Some(Noise::parse(&value("--noise")?)?),
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
     }
@@ -258,6 +270,16 @@ mod tests {
         assert_eq!(o.seeds, Some(vec![1, 2, 3]));
         let o = parse(args("--seed=3")).unwrap().unwrap();
         assert_eq!(o.seed, Some(3));
+        let o = parse(args("--noise jitter=0.5-2,cotenant=300-900"))
+            .unwrap()
+            .unwrap();
+        let n = o.noise.unwrap();
+        assert_eq!(n.jitter, Some((0.5, 2.0)));
+        assert_eq!(
+            n.cotenant.map(|c| (c.start_s, c.end_s, c.slowdown)),
+            Some((300.0, 900.0, 2.0))
+        );
+        assert!(parse(args("--noise jitter=2-1")).is_err());
         assert!(parse(args("--help")).unwrap().is_none());
         assert!(parse(args("--seed x")).is_err());
         assert!(parse(args("--bogus")).is_err());

@@ -353,7 +353,11 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         policy,
         prefill_rates: vec![StepRates::default(); deployment.replicas],
         replicas: (0..deployment.replicas)
-            .map(|_| Replica::new(deployment.engine, pinning))
+            .map(|i| {
+                let mut r = Replica::new(deployment.engine, pinning);
+                r.set_noise_key(crate::engine::noise::key(workload.seed, i));
+                r
+            })
             .collect(),
         kick_pending: vec![false; deployment.replicas],
         queued_probes: vec![Vec::new(); deployment.replicas],
@@ -761,7 +765,7 @@ impl Sim<'_> {
         if replica.is_busy() || !replica.has_work() {
             return;
         }
-        let Some(plan) = replica.begin_step() else {
+        let Some(plan) = replica.begin_step_at(self.now) else {
             return; // nothing fits; a free, an expiry or an arrival kicks again
         };
         for f in &plan.first_scheduled {

@@ -571,6 +571,8 @@ pub struct Workload {
     pub max_retries: u32,
     /// Tokens of the system prompt every session shares.
     pub shared_prefix_tokens: usize,
+    /// The seed it was drawn with (it also keys a noisy engine's noise).
+    pub seed: u64,
 }
 
 impl Workload {
@@ -655,6 +657,7 @@ impl Workload {
             retry_after_ns: secs_to_ns(cfg.retry_after_s),
             max_retries: cfg.max_retries,
             shared_prefix_tokens: cfg.system_prompt_tokens,
+            seed,
         }
     }
 
