@@ -118,7 +118,8 @@ pub fn critical_paths(engine: &EngineConfig, workload: &Workload) -> Vec<u64> {
 fn new_tokens(s: &Session, k: usize, shared: usize) -> usize {
     let t = &s.turns[k];
     let known = match k {
-        0 => shared.min(t.prompt_len),
+        // The system prompt; a GRPO group's later samples also the task.
+        0 => shared.max(t.reused).min(t.prompt_len),
         _ => {
             let p = &s.turns[k - 1];
             // The previous turn's last sampled token was never computed.

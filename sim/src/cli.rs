@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::engine::Noise;
 use crate::policy::Policy;
 use crate::scenario::Scenario;
 use crate::simulation::{CapacityProbe, HostFinish, HostPrompt, HostReport, Routing};
@@ -41,10 +42,13 @@ pub struct Options {
     pub routing: Option<Routing>,
     /// Runs each scenario under these variations instead of as written.
     pub vary: Option<Vec<Variation>>,
+    /// Runs every scenario on a noisy engine.
+    pub noise: Option<Noise>,
 }
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
-pub const JUDGE_POLICIES: &str = "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl";
+pub const JUDGE_POLICIES: &str =
+    "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl,prime-rl,seed-defaults";
 
 /// Usage text.
 pub const USAGE: &str = "\
@@ -56,8 +60,8 @@ USAGE:
     (either form also takes --profile NAME|PATH,
      --capacity-probe full|no-cost|no-rate|usage-only|no-tier,
      --host-prompt tokens|length, --host-finish told|untold,
-     --host-report cached|output-only, --routing sticky|hash|least-loaded
-     and --vary LIST)
+     --host-report cached|output-only, --routing sticky|hash|least-loaded,
+     --noise SPEC and --vary LIST)
     kvgate-sim --fit-steps STEPS.csv|STEPS.json
 
 OPTIONS:
@@ -70,7 +74,11 @@ OPTIONS:
     --out DIR      output root; files go to DIR/<scenario>/ [default: target/kvgate-sim]
     --policies L   comma-separated policies: names from the scenario, or specs such as
                    none, kvgate, kvgate:wm=0.3,hit=0.5,grace=10,poll=0.5, cap-8, ttl-pin:ttl=2,
-                   and cap-best (the hindsight-best fixed cap, found by sweeping K)
+                   thunderagent, progress-ttl, prime-rl (prime-rl's adaptive concurrency;
+                   prime-rl:max_len=N sets the engines' max_model_len, default 131072),
+                   seed-defaults (kvgate:mode=reference at the seed's origin defaults: wm
+                   0.85, hit 0.80, grace 60 s, poll 5 s), and cap-best (the hindsight-best
+                   fixed cap, found by sweeping K)
                    [default: none, kvgate, the peers (thunderagent, progress-ttl) and
                    cap-best; with --full, the scenario's own policies too]
     --full         every policy the scenario names and every column of the comparison
@@ -79,7 +87,8 @@ OPTIONS:
     --judge        run every policy (compact specs) on every scenario and seed and judge it
                    against that seed's hindsight-best cap and the makespan lower bound;
                    writes DIR/judge.{csv,json,md} [default policies: none, kvgate,
-                   kvgate:mode=reference, thunderagent, progress-ttl]
+                   kvgate:mode=reference, thunderagent, progress-ttl, prime-rl,
+                   seed-defaults]
     --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
     --capacity-probe P
                    what the engines tell the gate's capacity probe: full (KV tokens, block
@@ -107,6 +116,13 @@ OPTIONS:
                    stays), hash (a hash of the session id: session affinity), or
                    least-loaded (every turn anew: sessions migrate); each replica has
                    its own gate [default: the scenario's, sticky]
+    --noise N      run every scenario on a noisy engine: jitter=LO-HI (each step's cost
+                   times a log-uniform factor in [LO, HI], drawn per step from the seed),
+                   cotenant=START-END (steps begun from START to END s of simulated time
+                   cost slowdown=F times as much, default 2: another job takes half the
+                   engine), comma-separated, e.g. jitter=0.5-2,cotenant=300-900; the gate
+                   sees it only in the step times it measures [default: the scenario's
+                   [engine] jitter and cotenant, quiet]
     --vary L       run each scenario varied instead of as written: kv-half, kv-double
                    (its KV blocks), tools-x5, tools-x0.2 (its tool calls' durations),
                    out-x4 (its output tokens), sessions-x2, comma-separated, or all;
@@ -140,6 +156,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         host_report: None,
         routing: None,
         vary: None,
+        noise: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -179,6 +196,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             "--host-report" => o.host_report = Some(HostReport::parse(&value("--host-report")?)?),
             "--routing" => o.routing = Some(Routing::parse(&value("--routing")?)?),
             "--vary" => o.vary = Some(Variation::parse_list(&value("--vary")?)?),
+            "--noise" => o.noise = Some(Noise::parse(&value("--noise")?)?),
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
     }
@@ -255,6 +273,16 @@ mod tests {
         assert_eq!(o.seeds, Some(vec![1, 2, 3]));
         let o = parse(args("--seed=3")).unwrap().unwrap();
         assert_eq!(o.seed, Some(3));
+        let o = parse(args("--noise jitter=0.5-2,cotenant=300-900"))
+            .unwrap()
+            .unwrap();
+        let n = o.noise.unwrap();
+        assert_eq!(n.jitter, Some((0.5, 2.0)));
+        assert_eq!(
+            n.cotenant.map(|c| (c.start_s, c.end_s, c.slowdown)),
+            Some((300.0, 900.0, 2.0))
+        );
+        assert!(parse(args("--noise jitter=2-1")).is_err());
         assert!(parse(args("--help")).unwrap().is_none());
         assert!(parse(args("--seed x")).is_err());
         assert!(parse(args("--bogus")).is_err());

@@ -116,6 +116,9 @@ fn load(o: &Options, name: &str) -> Result<Scenario, String> {
     if let Some(routing) = o.routing {
         scenario.deployment.routing = routing;
     }
+    if let Some(noise) = o.noise {
+        scenario = scenario.with_noise(noise);
+    }
     Ok(scenario)
 }
 
@@ -155,6 +158,9 @@ fn run_judge(
     }
     if let Some(routing) = o.routing {
         println!("  every router places sessions: {routing:?}");
+    }
+    if let Some(noise) = o.noise {
+        println!("  every engine is noisy: {}", noise.describe());
     }
     for p in &policies {
         println!("  {:<32} {}", p.name, p.describe());
@@ -280,6 +286,12 @@ fn run_scenario(
         "step costs ({}): {} ms + {} us/prefill token + {} us/decode seq + {} us/context token + {} us/attention pair",
         scenario.cost_source, c.beta0_ms, c.beta1_us, c.beta2_us, c.beta3_us, c.beta4_us
     );
+    if !d.engine.noise.is_quiet() {
+        println!(
+            "a noisy engine: {} (the limit below is the quiet engine's)",
+            d.engine.noise.describe()
+        );
+    }
     let limit = bound::lower_bound(&d.engine, d.replicas, &w);
     println!(
         "the limit: makespan >= {:.1} s (longest critical path {:.1} s, total work at best batch throughput {:.1} s); least possible prefill {:.2} M tokens",

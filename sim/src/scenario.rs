@@ -5,13 +5,13 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::engine::{profile, EngineConfig, Profile, StepCost, TierConfig};
+use crate::engine::{profile, Cotenant, EngineConfig, Noise, Profile, StepCost, TierConfig};
 use crate::policy::{Policy, PolicyEntry};
 use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt, HostReport, Routing};
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
-pub const BUILT_IN: [(&str, &str); 23] = [
+pub const BUILT_IN: [(&str, &str); 24] = [
     ("thrash", include_str!("../scenarios/thrash.toml")),
     ("no-pressure", include_str!("../scenarios/no-pressure.toml")),
     ("retry-storm", include_str!("../scenarios/retry-storm.toml")),
@@ -46,6 +46,7 @@ pub const BUILT_IN: [(&str, &str); 23] = [
     ("swe-agent", include_str!("../scenarios/swe-agent.toml")),
     ("claude-code", include_str!("../scenarios/claude-code.toml")),
     ("swe-long", include_str!("../scenarios/swe-long.toml")),
+    ("grpo", include_str!("../scenarios/grpo.toml")),
 ];
 
 /// The long-history scenarios among [`BUILT_IN`]: coding agents whose
@@ -127,6 +128,12 @@ struct EngineFile {
     reload_gb_per_s: f64,
     /// KV bytes per token of the model (Llama-3.1-8B, bf16: 131,072).
     kv_bytes_per_token: f64,
+    /// A noisy engine: each step's cost times a log-uniform factor in
+    /// `[lo, hi]` (e.g. `[0.5, 2.0]`).
+    jitter: Option<(f64, f64)>,
+    /// A noisy engine: a co-tenant slowing steps for a window
+    /// (`{ start_s, end_s, slowdown = 2.0 }`).
+    cotenant: Option<Cotenant>,
 }
 
 impl Default for EngineFile {
@@ -147,6 +154,8 @@ impl Default for EngineFile {
             host_tier_tokens: 0,
             reload_gb_per_s: DEFAULT_RELOAD_GB_PER_S,
             kv_bytes_per_token: DEFAULT_KV_BYTES_PER_TOKEN,
+            jitter: None,
+            cotenant: None,
         }
     }
 }
@@ -204,6 +213,10 @@ impl EngineFile {
                         self.kv_bytes_per_token,
                     )
                 }),
+                noise: Noise {
+                    jitter: self.jitter,
+                    cotenant: self.cotenant,
+                },
             },
             source,
         ))
@@ -292,6 +305,12 @@ impl Scenario {
             policies,
             cost_source,
         })
+    }
+
+    /// Runs the scenario on a noisy engine (`--noise`) instead of its own.
+    pub fn with_noise(mut self, noise: Noise) -> Self {
+        self.deployment.engine.noise = noise;
+        self
     }
 
     /// Runs the scenario on `profile`'s step costs instead of its own.

@@ -17,6 +17,7 @@ use crate::engine::{EngineConfig, EngineStats, Finished, NewRequest, Replica, Re
 use crate::events::EventQueue;
 use crate::metrics::{RunResult, TurnRecord};
 use crate::policy::gate::{Action, GateDriver, ProbeKind};
+use crate::policy::prime_rl::PrimeRl;
 use crate::policy::program::{EngineView, ProgramScheduler};
 use crate::policy::progress_ttl::ProgressTtl;
 use crate::policy::router::{self, Router};
@@ -357,6 +358,12 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
             deployment.replicas,
             n,
         ))),
+        PolicyKind::PrimeRl(c) => Some(Box::new(PrimeRl::new(
+            *c,
+            deployment.engine.capacity_tokens(),
+            deployment.replicas,
+            n,
+        ))),
         PolicyKind::ProgressTtl(c) => Some(Box::new(ProgressTtl::new(
             *c,
             deployment.engine.capacity_tokens(),
@@ -374,7 +381,11 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         policy,
         prefill_rates: vec![StepRates::default(); deployment.replicas],
         replicas: (0..deployment.replicas)
-            .map(|_| Replica::new(deployment.engine, pinning))
+            .map(|i| {
+                let mut r = Replica::new(deployment.engine, pinning);
+                r.set_noise_key(crate::engine::noise::key(workload.seed, i));
+                r
+            })
             .collect(),
         kick_pending: vec![false; deployment.replicas],
         queued_probes: vec![Vec::new(); deployment.replicas],
@@ -514,15 +525,26 @@ impl Sim<'_> {
         }
     }
 
+    /// What each engine's metrics say now.
+    fn refresh_engine_views(&mut self) {
+        for (view, r) in self.engine_views.iter_mut().zip(&self.replicas) {
+            *view = EngineView {
+                waiting: r.num_waiting(),
+                running: r.num_running(),
+                usage: r.usage(),
+                preemptions: r.stats().preemptions,
+            };
+        }
+    }
+
     /// Lets a program scheduler release what it may after the last event,
     /// and keeps one timer armed for its next deadline.
     fn drive_program(&mut self) {
-        let Some(program) = self.program.as_mut() else {
+        if self.program.is_none() {
             return;
-        };
-        for (view, r) in self.engine_views.iter_mut().zip(&self.replicas) {
-            view.waiting = r.num_waiting();
         }
+        self.refresh_engine_views();
+        let program = self.program.as_mut().expect("checked");
         let mut released = std::mem::take(&mut self.released);
         program.poll(self.now, &self.engine_views, &mut released);
         let next = program.next_deadline();
@@ -685,13 +707,11 @@ impl Sim<'_> {
                     self.cap_queue.push_back(s);
                 }
             }
-            PolicyKind::ThunderAgent(_) | PolicyKind::ProgressTtl(_) => {
+            PolicyKind::ThunderAgent(_) | PolicyKind::ProgressTtl(_) | PolicyKind::PrimeRl(_) => {
                 self.route(s);
                 let prompt_len = self.workload.sessions[s].turns[self.sessions[s].turn].prompt_len;
                 let routed = self.sessions[s].replica.expect("routed");
-                for (view, r) in self.engine_views.iter_mut().zip(&self.replicas) {
-                    view.waiting = r.num_waiting();
-                }
+                self.refresh_engine_views();
                 let program = self.program.as_mut().expect("program scheduler");
                 if let Some(r) = program.arrive(s, prompt_len, routed, self.now, &self.engine_views)
                 {
@@ -778,7 +798,7 @@ impl Sim<'_> {
         if replica.is_busy() || !replica.has_work() {
             return;
         }
-        let Some(plan) = replica.begin_step() else {
+        let Some(plan) = replica.begin_step_at(self.now) else {
             return; // nothing fits; a free, an expiry or an arrival kicks again
         };
         for f in &plan.first_scheduled {

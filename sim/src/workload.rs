@@ -155,6 +155,18 @@ pub struct WorkloadConfig {
     /// How the agent keeps its history (append-only unless given).
     #[serde(default)]
     pub history: HistoryConfig,
+    /// GRPO groups: each class's sessions, in order, come in groups of
+    /// this many samples of one task. A group's sessions share the task
+    /// (its length and tokens) after the system prompt, so their first
+    /// prompts are identical; each draws its own turns, outputs and tool
+    /// results, so they diverge from the first output on. 1 (the
+    /// default): every session has its own task.
+    #[serde(default = "one_usize")]
+    pub group_size: usize,
+}
+
+fn one_usize() -> usize {
+    1
 }
 
 /// How a session's agent turns its history into the next prompt
@@ -395,6 +407,9 @@ impl WorkloadConfig {
         if self.vocab < 2 {
             return Err("workload.vocab must be >= 2".into());
         }
+        if self.group_size == 0 {
+            return Err("workload.group_size must be >= 1".into());
+        }
         self.history.validate()?;
         self.arrival.validate()
     }
@@ -420,6 +435,20 @@ impl WorkloadConfig {
         let mut out = vec![(0, self.shape()); self.sessions];
         for (i, c) in self.classes.iter().enumerate() {
             out.extend(std::iter::repeat_n((i + 1, c.shape()), c.sessions));
+        }
+        out
+    }
+
+    /// Each session's GRPO group, in session order: consecutive sessions
+    /// of one class, `group_size` at a time (a class's last group may be
+    /// smaller); groups never span two classes.
+    fn groups(&self) -> Vec<usize> {
+        let sizes = std::iter::once(self.sessions).chain(self.classes.iter().map(|c| c.sessions));
+        let mut out = Vec::with_capacity(self.total_sessions());
+        let mut first = 0;
+        for n in sizes {
+            out.extend((0..n).map(|j| first + j / self.group_size));
+            first += n.div_ceil(self.group_size);
         }
         out
     }
@@ -490,7 +519,8 @@ pub struct Turn {
     pub stream: usize,
     /// Tokens at the start of this prompt that the session's previous
     /// request (prompt and output) also began with; for a first turn, the
-    /// shared system prompt. The most a warm cache can give it.
+    /// shared system prompt (and the task, for a GRPO group's samples after
+    /// its first). The most a warm cache can give it.
     pub reused: usize,
 }
 
@@ -541,6 +571,8 @@ pub struct Workload {
     pub max_retries: u32,
     /// Tokens of the system prompt every session shares.
     pub shared_prefix_tokens: usize,
+    /// The seed it was drawn with (it also keys a noisy engine's noise).
+    pub seed: u64,
 }
 
 impl Workload {
@@ -561,16 +593,55 @@ impl Workload {
                 .collect(),
             _ => Vec::new(),
         };
-        let sessions = cfg
-            .shapes()
+        let shapes = cfg.shapes();
+        // A GRPO group's task, drawn from the group's own ChaCha8 stream
+        // (counting down from `u64::MAX - 1`, never a session's or the
+        // arrivals'); none when every session has its own task, so those
+        // workloads draw exactly as before.
+        let tasks: Vec<Option<Rc<[u32]>>> = if cfg.group_size > 1 {
+            let mut tasks: Vec<Rc<[u32]>> = Vec::new();
+            cfg.groups()
+                .into_iter()
+                .zip(&shapes)
+                .map(|(g, (_, shape))| {
+                    if g == tasks.len() {
+                        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                        rng.set_stream(u64::MAX - 1 - g as u64);
+                        let n = shape.task_tokens.sample(&mut rng);
+                        tasks.push((0..n).map(|_| rng.random_range(0..cfg.vocab)).collect());
+                    }
+                    Some(Rc::clone(&tasks[g]))
+                })
+                .collect()
+        } else {
+            vec![None; shapes.len()]
+        };
+        let groups = cfg.groups();
+        let sessions = shapes
             .into_iter()
             .zip(cfg.starts(seed))
+            .zip(tasks)
             .enumerate()
-            .map(|(i, ((class, shape), (start, wave)))| {
+            .map(|(i, (((class, shape), (start, wave)), task))| {
                 let mut rng = ChaCha8Rng::seed_from_u64(seed);
                 rng.set_stream(i as u64 + 1);
-                let (streams, turns, sketches) =
-                    session(cfg, &shape, &system, &stub, block_size, &mut rng);
+                let (streams, mut turns, sketches) = session(
+                    cfg,
+                    &shape,
+                    &system,
+                    task.as_deref(),
+                    &stub,
+                    block_size,
+                    &mut rng,
+                );
+                // A group's later samples send the first prompt an earlier
+                // one sent: a warm cache holds its task too.
+                if let Some(task) = task.as_deref() {
+                    if i > 0 && groups[i] == groups[i - 1] {
+                        let first = &mut turns[0];
+                        first.reused = (system.len() + task.len()).min(first.prompt_len);
+                    }
+                }
                 Session {
                     streams,
                     sketches,
@@ -586,6 +657,7 @@ impl Workload {
             retry_after_ns: secs_to_ns(cfg.retry_after_s),
             max_retries: cfg.max_retries,
             shared_prefix_tokens: cfg.system_prompt_tokens,
+            seed,
         }
     }
 
@@ -622,14 +694,20 @@ fn session(
     cfg: &WorkloadConfig,
     shape: &Shape<'_>,
     system: &[u32],
+    group_task: Option<&[u32]>,
     stub: &[u32],
     block_size: usize,
     rng: &mut ChaCha8Rng,
 ) -> (Vec<Rc<[BlockHash]>>, Vec<Turn>, Vec<PromptSketch>) {
     let num_turns = shape.turns.sample(rng);
-    let task = shape.task_tokens.sample(rng);
     let mut base: Vec<u32> = system.to_vec();
-    base.extend((0..task).map(|_| rng.random_range(0..cfg.vocab)));
+    match group_task {
+        Some(task) => base.extend_from_slice(task),
+        None => {
+            let task = shape.task_tokens.sample(rng);
+            base.extend((0..task).map(|_| rng.random_range(0..cfg.vocab)));
+        }
+    }
     // `tokens` is the current stream: the prompts and outputs of the turns
     // that extend one another; a rewritten prompt starts the next stream.
     let mut tokens = base.clone();
@@ -770,6 +848,7 @@ mod tests {
             arrival: ArrivalConfig::Together,
             classes: Vec::new(),
             history: HistoryConfig::Append,
+            group_size: 1,
         }
     }
 
@@ -810,6 +889,65 @@ mod tests {
         let (a, b) = (&w.sessions[0].streams[0], &w.sessions[1].streams[0]);
         assert_eq!(a[..4], b[..4], "64 shared tokens = 4 blocks");
         assert_ne!(a[4], b[4]);
+    }
+
+    #[test]
+    fn a_grpo_group_shares_its_task_and_diverges_after_the_first_output() {
+        let mut c = cfg();
+        c.sessions = 7;
+        c.group_size = 3;
+        c.classes.push(ClassConfig {
+            name: "other".into(),
+            sessions: 2,
+            turns: c.turns,
+            task_tokens: c.task_tokens,
+            output_tokens: c.output_tokens,
+            tool_result_tokens: c.tool_result_tokens,
+            tool_latency_s: c.tool_latency_s,
+            retry_probability: 0.0,
+        });
+        assert_eq!(c.groups(), [0, 0, 0, 1, 1, 1, 2, 3, 3]);
+        let w = Workload::generate(&c, 16, 5);
+        // Full blocks of the first prompt (system and task), and the block
+        // where the first output begins.
+        let first = |i: usize| w.sessions[i].turns[0].prompt_len;
+        let same = |a: usize, b: usize| {
+            let (x, y) = (&w.sessions[a].streams[0], &w.sessions[b].streams[0]);
+            x.iter().zip(y.iter()).take_while(|(p, q)| p == q).count()
+        };
+        for (a, b) in [(0, 1), (0, 2), (1, 2), (3, 4), (3, 5), (7, 8)] {
+            assert_eq!(first(a), first(b), "{a} {b}: one task");
+            // Identical through the task, different from the first output:
+            // they share every full block of the first prompt and no block
+            // that holds an output token.
+            assert_eq!(same(a, b), first(a) / 16, "{a} {b}");
+            assert_ne!(
+                w.sessions[a].turns[0].output_len + w.sessions[a].turns[1].prompt_len,
+                w.sessions[b].turns[0].output_len + w.sessions[b].turns[1].prompt_len,
+                "{a} {b}: their own outputs and results"
+            );
+            assert_eq!(w.sessions[b].turns[0].reused, first(b), "{a} {b}");
+        }
+        // Across groups (and classes), only the system prompt's 4 blocks.
+        for (a, b) in [(0, 3), (2, 3), (5, 6), (6, 7), (0, 8)] {
+            assert_eq!(same(a, b), 4, "{a} {b}");
+        }
+        // Each group's first sample is warm only for the system prompt.
+        for i in [0, 3, 6, 7] {
+            assert_eq!(w.sessions[i].turns[0].reused, 64);
+        }
+        // Group size 1 is the default (the golden tests pin its draws).
+        let toml_default: WorkloadConfig = toml::from_str(
+            "sessions = 1\nturns = { min = 1, max = 1 }\nsystem_prompt_tokens = 1\n\
+             task_tokens = { min = 1, max = 1 }\noutput_tokens = { min = 1, max = 1 }\n\
+             tool_result_tokens = { min = 1, max = 1 }\n\
+             tool_latency_s = { median = 1.0, sigma = 0.0, min = 1.0, max = 1.0 }\n",
+        )
+        .unwrap();
+        assert_eq!(toml_default.group_size, 1);
+        let mut zero = cfg();
+        zero.group_size = 0;
+        assert!(zero.validate().unwrap_err().contains("group_size"));
     }
 
     #[test]

@@ -163,6 +163,8 @@ fn no_policy_beats_the_bound() {
         "ttl-pin",
         "thunderagent",
         "progress-ttl",
+        "prime-rl",
+        "seed-defaults",
     ];
     let mut cases: Vec<(Scenario, Vec<&str>)> = vec![(small, specs.to_vec())];
     for (name, _) in BUILT_IN {

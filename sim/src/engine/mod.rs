@@ -2,18 +2,20 @@
 //! [`hashing`] (block keys), [`block_pool`] (free queue, cache map, usage),
 //! [`kv_manager`] (prefix lookup, slot allocation), [`scheduler`] (the
 //! continuous-batching step loop), [`step_time`] (cost model), [`profile`] (its coefficients as data), [`host_tier`]
-//! (KV offloaded to host memory) and [`pins`] (the `ttl-pin` policy's engine half).
+//! (KV offloaded to host memory), [`noise`] (other load slowing steps) and [`pins`] (the `ttl-pin` policy's engine half).
 
 pub mod block_pool;
 pub mod hashing;
 pub mod host_tier;
 pub mod kv_manager;
+pub mod noise;
 pub mod pins;
 pub mod profile;
 pub mod scheduler;
 pub mod step_time;
 
 pub use host_tier::{HostTier, TierConfig};
+pub use noise::{Cotenant, Noise};
 pub use profile::Profile;
 pub use scheduler::{EngineStats, Finished, FirstScheduled, NewRequest, Replica, ReqId, StepPlan};
 pub use step_time::{StepCost, StepLoad};
@@ -35,6 +37,8 @@ pub struct EngineConfig {
     pub cost: StepCost,
     /// The host tier behind the GPU cache, if the engine offloads KV.
     pub tier: Option<TierConfig>,
+    /// Step-time noise: other load on the machine (none by default).
+    pub noise: Noise,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +56,7 @@ impl Default for EngineConfig {
                 .expect("the built-in default profile parses")
                 .cost,
             tier: None,
+            noise: Noise::default(),
         }
     }
 }
@@ -79,6 +84,7 @@ impl EngineConfig {
         if let Some(t) = &self.tier {
             t.validate(self.num_gpu_blocks - 1)?;
         }
+        self.noise.validate()?;
         self.cost.validate()
     }
 

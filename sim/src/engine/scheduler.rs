@@ -193,6 +193,8 @@ pub struct Replica {
     high_water: FxHashMap<usize, usize>,
     stats: EngineStats,
     hits_scratch: Vec<BlockId>,
+    /// Key of its step-time noise (`noise::key`).
+    noise_key: u64,
 }
 
 impl Replica {
@@ -211,6 +213,7 @@ impl Replica {
             high_water: FxHashMap::default(),
             stats: EngineStats::default(),
             hits_scratch: Vec::new(),
+            noise_key: 0,
         }
     }
 
@@ -256,6 +259,11 @@ impl Replica {
     /// Requests in the waiting queue (what vLLM's `num_requests_waiting` says).
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// Requests running (what vLLM's `num_requests_running` says).
+    pub fn num_running(&self) -> usize {
+        self.running.len()
     }
 
     /// Requests waiting plus running: the router's load figure.
@@ -337,6 +345,25 @@ impl Replica {
             }
             None => false,
         }
+    }
+
+    /// Sets the key of this replica's step-time noise (`noise::key`).
+    pub fn set_noise_key(&mut self, key: u64) {
+        self.noise_key = key;
+    }
+
+    /// [`begin_step`](Self::begin_step) at `now`, its duration times the
+    /// engine's noise (`EngineConfig::noise`) for this step.
+    pub fn begin_step_at(&mut self, now: u64) -> Option<StepPlan> {
+        let index = self.stats.steps;
+        let mut plan = self.begin_step()?;
+        if !self.cfg.noise.is_quiet() {
+            let f = self.cfg.noise.factor(self.noise_key, index, now);
+            let noisy = (plan.duration_ns as f64 * f).round().max(1.0) as u64;
+            self.stats.busy_ns = self.stats.busy_ns - plan.duration_ns + noisy;
+            plan.duration_ns = noisy;
+        }
+        Some(plan)
     }
 
     /// Schedules the next step, or returns `None` (and stays idle) if

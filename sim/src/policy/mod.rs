@@ -11,11 +11,18 @@
 //!   TTL after each turn (see `engine::pins`); no admission control.
 //! - `thunderagent`: ThunderAgent's program scheduler ([`thunderagent`]).
 //! - `progress-ttl`: vllm-router's Progress-TTL scheduler ([`progress_ttl`]).
+//! - `prime-rl`: prime-rl's adaptive concurrency ([`prime_rl`]): a cap on
+//!   episodes in flight, sized and moved from the engines' metrics.
+//! - `seed-defaults`: the seed's design (`kvgate` in reference mode) at
+//!   the defaults its origin project ships: watermark 0.85, hit threshold
+//!   0.80, idle grace 60 s, poll 5 s, pinned here whatever the library's
+//!   defaults become.
 //!
-//! The two peers are what a user would deploy instead of kvgate; they are
+//! The peers are what a user would deploy instead of kvgate; they are
 //! implemented from their published rules with their published defaults.
 
 pub mod gate;
+pub mod prime_rl;
 pub mod program;
 pub mod progress_ttl;
 pub mod router;
@@ -51,6 +58,8 @@ pub enum PolicyKind {
     ThunderAgent(thunderagent::ThunderAgentConfig),
     /// vllm-router's Progress-TTL program scheduler.
     ProgressTtl(progress_ttl::ProgressTtlConfig),
+    /// prime-rl's adaptive cap on episodes in flight.
+    PrimeRl(prime_rl::PrimeRlConfig),
 }
 
 /// Which replica the gate's probes ask.
@@ -113,13 +122,32 @@ impl Policy {
                 c.stats_window,
                 c.queue_timeout_ns as f64 / 1e9
             ),
+            PolicyKind::PrimeRl(c) => format!(
+                "prime-rl adaptive concurrency: episodes in flight capped, starting at KV capacity / max_model_len ({} tokens, at most one engine's KV); x1.25 per turnover while clear, cut to 0.8 on preemptions, trimmed above 0.8 KV usage; metrics every {} s",
+                c.max_model_len,
+                c.poll_ns as f64 / 1e9
+            ),
         }
     }
 
     /// Parses the compact form used on the command line:
     /// `none`, `kvgate`, `kvgate:wm=0.3,hit=0.6,grace=5,poll=0.5`, `cap-8`,
-    /// `ttl-pin`, `ttl-pin:ttl=3`. The name is the text itself.
+    /// `ttl-pin`, `ttl-pin:ttl=3`, `prime-rl`, `prime-rl:max_len=32768`,
+    /// `seed-defaults`. The name is the text itself.
     pub fn parse(spec: &str) -> Result<Self, String> {
+        if spec == SEED_DEFAULTS {
+            return PolicyEntry {
+                name: Some(spec.to_string()),
+                kind: "kvgate".into(),
+                high_watermark: Some(0.85),
+                hit_threshold: Some(0.80),
+                idle_grace_s: Some(60.0),
+                wait_poll_s: Some(5.0),
+                knobs: BTreeMap::from([("mode".to_string(), "reference".to_string())]),
+                ..PolicyEntry::default()
+            }
+            .into_policy();
+        }
         let (head, args) = match spec.split_once(':') {
             Some((h, a)) => (h, a),
             None => (spec, ""),
@@ -157,6 +185,7 @@ impl Policy {
                 "poll" | "wait_poll_s" => entry.wait_poll_s = Some(num(v)?),
                 "ttl" | "ttl_s" => entry.ttl_s = Some(num(v)?),
                 "sessions" => entry.sessions = Some(num(v)? as usize),
+                "max_len" | "max_model_len" => entry.max_model_len = Some(num(v)? as usize),
                 "probe" => entry.probe = Some(v.to_string()),
                 // Any other kvgate key passes through to `kvgate_knob`.
                 other if entry.kind == "kvgate" => {
@@ -168,6 +197,9 @@ impl Policy {
         entry.into_policy()
     }
 }
+
+/// The seed's design at its origin's defaults, as a policy spec.
+pub const SEED_DEFAULTS: &str = "seed-defaults";
 
 /// A `[[policies]]` table of a scenario file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -191,6 +223,8 @@ pub struct PolicyEntry {
     pub ttl_s: Option<f64>,
     /// kvgate: `session-replica` (default) or `first-replica`.
     pub probe: Option<String>,
+    /// prime-rl: the engines' `max_model_len`, tokens.
+    pub max_model_len: Option<usize>,
     /// kvgate: further knobs by name (`knobs = { mode = "..." }` in a
     /// scenario file; any other `key=value` in a `kvgate:` spec), applied
     /// by [`kvgate_knob`].
@@ -229,6 +263,9 @@ impl PolicyEntry {
                 self.kind
             ))
         };
+        if self.max_model_len.is_some() && self.kind != "prime-rl" {
+            return stray("max_model_len");
+        }
         let kind = match self.kind.as_str() {
             "none" => {
                 if gate_knobs || self.sessions.is_some() || self.ttl_s.is_some() {
@@ -298,6 +335,17 @@ impl PolicyEntry {
                     ttl_ns: secs_to_ns(ttl),
                 }
             }
+            "prime-rl" => {
+                if gate_knobs || self.sessions.is_some() || self.ttl_s.is_some() {
+                    return stray("a gate knob/sessions/ttl_s");
+                }
+                let d = prime_rl::PrimeRlConfig::default();
+                let max_model_len = self.max_model_len.unwrap_or(d.max_model_len);
+                if max_model_len == 0 {
+                    return Err(format!("policy `{}`: max_model_len must be > 0", self.label()));
+                }
+                PolicyKind::PrimeRl(prime_rl::PrimeRlConfig { max_model_len, ..d })
+            }
             "thunderagent" | "progress-ttl" => {
                 if gate_knobs || self.sessions.is_some() || self.ttl_s.is_some() {
                     return stray("a parameter");
@@ -310,7 +358,7 @@ impl PolicyEntry {
             }
             other => {
                 return Err(format!(
-                    "unknown policy kind `{other}` (none, kvgate, cap, ttl-pin, thunderagent, progress-ttl)"
+                    "unknown policy kind `{other}` (none, kvgate, cap, ttl-pin, thunderagent, progress-ttl, prime-rl)"
                 ))
             }
         };
@@ -373,6 +421,27 @@ mod tests {
             panic!()
         };
         assert_eq!(probe, ProbeTarget::FirstReplica);
+        let PolicyKind::PrimeRl(p) = Policy::parse("prime-rl").unwrap().kind else {
+            panic!()
+        };
+        assert_eq!(p, prime_rl::PrimeRlConfig::default());
+        assert_eq!(p.max_model_len, 131_072);
+        let PolicyKind::PrimeRl(p) = Policy::parse("prime-rl:max_len=8192").unwrap().kind else {
+            panic!()
+        };
+        assert_eq!(p.max_model_len, 8192);
+        // The seed's design at its origin's defaults, pinned by name.
+        let seed = Policy::parse("seed-defaults").unwrap();
+        assert_eq!(seed.name, "seed-defaults");
+        let PolicyKind::Kvgate { config: c, .. } = seed.kind else {
+            panic!()
+        };
+        assert_eq!(c.admission, kvgate::AdmissionMode::Reference);
+        assert_eq!((c.high_watermark, c.hit_threshold), (0.85, 0.80));
+        assert_eq!(
+            (c.idle_grace, c.wait_poll),
+            (Duration::from_secs(60), Duration::from_secs(5))
+        );
     }
 
     #[test]
@@ -388,6 +457,9 @@ mod tests {
             "kvgate:wm",
             "kvgate:no_such_knob=1",
             "thunderagent:ttl=1",
+            "prime-rl:max_len=0",
+            "prime-rl:wm=0.5",
+            "kvgate:max_len=100",
         ] {
             assert!(Policy::parse(bad).is_err(), "{bad}");
         }

@@ -6,10 +6,16 @@
 //! scheduler reads no clock and never touches the engine.
 
 /// What a scheduler may read of one engine (what its metrics endpoint says).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct EngineView {
     /// Requests in the engine's waiting queue.
     pub waiting: usize,
+    /// Requests running (`num_requests_running`).
+    pub running: usize,
+    /// KV usage (`kv_cache_usage_perc`: running requests' blocks only).
+    pub usage: f64,
+    /// Preemptions so far (`num_preemptions_total`).
+    pub preemptions: u64,
 }
 
 /// Counters every program scheduler keeps.

@@ -367,8 +367,14 @@ mod tests {
     fn held_until_the_rank_has_room_and_an_empty_waiting_queue() {
         let cfg = ProgressTtlConfig::default();
         let mut p = ProgressTtl::new(cfg, 1000, 1, 3, 100);
-        let idle = [EngineView { waiting: 0 }];
-        let busy = [EngineView { waiting: 2 }];
+        let idle = [EngineView {
+            waiting: 0,
+            ..EngineView::default()
+        }];
+        let busy = [EngineView {
+            waiting: 2,
+            ..EngineView::default()
+        }];
         let mut out = Vec::new();
         assert_eq!(p.arrive(0, 500, 0, 0, &idle), None);
         p.poll(0, &busy, &mut out);
