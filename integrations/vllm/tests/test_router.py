@@ -14,9 +14,9 @@ from typing import Any, Iterator
 import openai
 import pytest
 
-from kvgate_vllm.testing.engine import random_prompt
-from kvgate_vllm.testing.launcher import Server, metric
-from kvgate_vllm.testing.router import Router
+from support.engine import random_prompt
+from support.launcher import Server, metric
+from support.router import Router
 
 from test_serve import PATIENCE_SEC, wait_for
 
