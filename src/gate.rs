@@ -149,11 +149,11 @@ impl fmt::Debug for Gate {
 /// whose notifier unparks it.
 ///
 /// Why it is kept per thread: allocating the parker, its notifier box and
-/// the slot cost three allocations and three frees per `acquire`, about 500
-/// of the open path's 2,800 instructions (callgrind, benches/README.md). A
-/// thread takes its spare for the attempt and puts it back when the attempt
-/// has ended and nobody else holds the slot; a nested `acquire` (a probe
-/// calling back into a gate) finds no spare and makes its own.
+/// the slot would cost three allocations and three frees per `acquire`, a
+/// large share of the open path's cost. A thread takes its spare for the
+/// attempt and puts it back when the attempt has ended and nobody else
+/// holds the slot; a nested `acquire` (a probe calling back into a gate)
+/// finds no spare and makes its own.
 struct ThreadWaker {
     parker: Arc<Parker>,
     slot: Arc<Slot>,

@@ -501,8 +501,7 @@ impl Machine {
             // the ledger's, and the members' own passes keep the engine's
             // figures fresh. Each probe is an RPC the engine answers between
             // steps, so a waiter handed room is admitted a step sooner, and
-            // a waited admission costs one probe, not one per wake-up
-            // (measured on `single-turn`: 4.3 probes per admission before).
+            // a waited admission costs one probe, not one per wake-up.
             self.capacity = None;
             return self.decide(core, now, None);
         }

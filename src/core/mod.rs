@@ -632,9 +632,8 @@ impl Core {
             self.nudge_a_sleeper();
         }
         // Nearly always nobody: returning before the loop skips making and
-        // dropping the vector's iterator, ~34 instructions per call, and
-        // working-set admission hands over twice per turn (68 of its 3,841
-        // per turn, `benches/instructions.rs`, `open_1t/working_set/hot`).
+        // dropping the vector's iterator, on a call working-set admission
+        // makes twice per turn.
         if grants.sessions.is_empty() {
             return;
         }

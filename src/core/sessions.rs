@@ -239,10 +239,10 @@ impl SessionRecord {
 /// A `HashTable` rather than a `HashMap`: the id is hashed once, when an
 /// attempt begins (or a host call names a session), and every later lookup
 /// of the same session (admission, release, settle, timers) reuses the hash
-/// carried in its [`SessionKey`]. With a `HashMap` each lookup re-ran SipHash
-/// over the id: seven times per open-path acquire + release, 55% of the
-/// core's instructions (callgrind, benches/README.md). The record holds its
-/// own key, so the map stores no second copy of it (16 bytes per session).
+/// carried in its [`SessionKey`]. With a `HashMap` each lookup would re-run
+/// SipHash over the id, seven times per open-path acquire + release, most
+/// of the core's cost. The record holds its own key, so the map stores no
+/// second copy of it (16 bytes per session).
 #[derive(Debug, Default)]
 pub(crate) struct ShardMap {
     pub(crate) sessions: HashTable<SessionRecord>,
