@@ -108,8 +108,9 @@ impl From<AcquireError> for kvgate_status {
 
 /// Why `kvgate_acquire` admitted a turn: the rows of the decision table.
 ///
-/// Values are stable and never reused; new values may be added (a host
-/// should log an unknown value rather than reject it).
+/// Values are stable and never reused (8 is reserved: a rule that no
+/// longer exists answered it); new values may be added (a host should log
+/// an unknown value rather than reject it).
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum kvgate_reason {
@@ -137,16 +138,11 @@ pub enum kvgate_reason {
     /// than letting everyone run with a cold cache (tool calls long next to
     /// turns, prefill to spare), so nobody is held out.
     KVGATE_REASON_RUNNING_COLD_PAYS = 7,
-    /// Working-set admission: no turn was in flight, and the engine had
-    /// idled with sessions waiting at least as long as it had spent
-    /// re-prefilling evicted prefixes (both measured), so the queue head
-    /// went in, members between turns parked for it.
-    KVGATE_REASON_ENGINE_IDLE = 8,
 }
 
 impl kvgate_reason {
     /// Every reason, in value order.
-    pub(crate) const ALL: [kvgate_reason; 9] = [
+    pub(crate) const ALL: [kvgate_reason; 8] = [
         Self::KVGATE_REASON_OPEN,
         Self::KVGATE_REASON_RESERVED_SESSION,
         Self::KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE,
@@ -155,7 +151,6 @@ impl kvgate_reason {
         Self::KVGATE_REASON_EMPTY_WORKING_SET,
         Self::KVGATE_REASON_WAIT_BOUND,
         Self::KVGATE_REASON_RUNNING_COLD_PAYS,
-        Self::KVGATE_REASON_ENGINE_IDLE,
     ];
 
     /// The seed's name (`"open"`, ...), NUL-terminated.
@@ -169,7 +164,6 @@ impl kvgate_reason {
             Self::KVGATE_REASON_EMPTY_WORKING_SET => b"empty_working_set\0",
             Self::KVGATE_REASON_WAIT_BOUND => b"wait_bound\0",
             Self::KVGATE_REASON_RUNNING_COLD_PAYS => b"running_cold_pays\0",
-            Self::KVGATE_REASON_ENGINE_IDLE => b"engine_idle\0",
         }
     }
 }
@@ -186,7 +180,6 @@ impl From<Reason> for kvgate_reason {
             Reason::EmptyWorkingSet => Self::KVGATE_REASON_EMPTY_WORKING_SET,
             Reason::WaitBound => Self::KVGATE_REASON_WAIT_BOUND,
             Reason::RunningColdPays => Self::KVGATE_REASON_RUNNING_COLD_PAYS,
-            Reason::EngineIdle => Self::KVGATE_REASON_ENGINE_IDLE,
         }
     }
 }
@@ -218,8 +211,8 @@ pub extern "C" fn kvgate_status_str(status: u32) -> *const c_char {
 
 /// The name of a reason: `"open"`, `"reserved_session"`,
 /// `"prefix_probe_unavailable"`, `"resident_prefix"`, `"fits_working_set"`,
-/// `"empty_working_set"`, `"wait_bound"`, `"running_cold_pays"`,
-/// `"engine_idle"`, or `"unknown"`.
+/// `"empty_working_set"`, `"wait_bound"`, `"running_cold_pays"`, or
+/// `"unknown"`.
 ///
 /// Takes a plain `uint32_t` so that any value is safe to pass. The string is
 /// static: never free it. Never returns NULL. Thread-safe.

@@ -165,7 +165,7 @@ def test_a_killed_replica_moves_its_sessions_and_the_survivor_admits_them(pair: 
         retried = 0  # the client sees its turn fail
     assert admitted(survivor) == before_kill + retried
     before = admitted(survivor)
-    joins = ("fits_working_set", "empty_working_set", "running_cold_pays", "wait_bound", "engine_idle")
+    joins = ("fits_working_set", "empty_working_set", "running_cold_pays", "wait_bound")
     joined_before = sum(metric(survivor.metrics(), "kvgate_admissions_total", reason=r) for r in joins)
     served = 0
     for s in sessions:  # every session's next turn, the moved ones included, through the router
