@@ -13,8 +13,8 @@ use crate::core::{
 };
 use crate::error::AcquireError;
 use crate::lease::Lease;
-use crate::parker::{Parker, ParkerHandle};
 use crate::probe::{EngineCapacity, Probe};
+use crate::sleeper::{Sleeper, SleeperHandle};
 use crate::sync::Arc;
 use crate::watch::DeadlineWatch;
 use crate::{KvTier, TurnReport};
@@ -130,7 +130,7 @@ impl fmt::Debug for GateCore {
 ///
 /// Cheap to clone (all clones share one gate) and safe to use from any
 /// number of threads. No thread is ever spawned: a thread calling
-/// [`Gate::acquire`] runs the probes itself and sleeps on its own parker
+/// [`Gate::acquire`] runs the probes itself and sleeps on its own `Sleeper`
 /// while it waits; expired grace windows are purged by whoever calls next.
 #[derive(Clone)]
 pub struct Gate {
@@ -145,17 +145,17 @@ impl fmt::Debug for Gate {
     }
 }
 
-/// What a thread needs to wait in `acquire`: a parker and an attempt slot
-/// whose notifier unparks it.
+/// What a thread needs to wait in `acquire`: a sleeper and an attempt slot
+/// whose notifier wakes it.
 ///
-/// Why it is kept per thread: allocating the parker, its notifier box and
+/// Why it is kept per thread: allocating the sleeper, its notifier box and
 /// the slot would cost three allocations and three frees per `acquire`, a
 /// large share of the open path's cost. A thread takes its spare for the
 /// attempt and puts it back when the attempt has ended and nobody else
 /// holds the slot; a nested `acquire` (a probe calling back into a gate)
 /// finds no spare and makes its own.
 struct ThreadWaker {
-    parker: Arc<Parker>,
+    sleeper: Arc<Sleeper>,
     slot: Arc<Slot>,
 }
 
@@ -164,27 +164,27 @@ impl ThreadWaker {
         if let Some(spare) = SPARE.try_with(Cell::take).ok().flatten() {
             return spare;
         }
-        let parker = Parker::new();
-        let slot = Arc::new(Slot::new(Box::new(ParkerHandle(parker.clone()))));
-        Self { parker, slot }
+        let sleeper = Sleeper::new();
+        let slot = Arc::new(Slot::new(Box::new(SleeperHandle(sleeper.clone()))));
+        Self { sleeper, slot }
     }
 
-    /// Keeps the parker and the ended attempt's slot for this thread's next
+    /// Keeps the sleeper and the ended attempt's slot for this thread's next
     /// attempt, if nobody else holds the slot any more.
-    fn give_back(parker: Arc<Parker>, attempt: Attempt<&Core>) {
+    fn give_back(sleeper: Arc<Sleeper>, attempt: Attempt<&Core>) {
         let Some(slot) = attempt.into_spare_slot() else {
             return;
         };
         if crate::sync::KEEP_PER_THREAD_SPARES {
             // Fails only while the thread is exiting: then it is simply dropped.
-            let _ = SPARE.try_with(|spare| spare.set(Some(ThreadWaker { parker, slot })));
+            let _ = SPARE.try_with(|spare| spare.set(Some(ThreadWaker { sleeper, slot })));
         }
     }
 }
 
 /// This thread's last prompt sketch, refilled for its next attempt
 /// (working-set admission sketches every prompt; kept apart from the
-/// parker and slot so that reference mode never touches it).
+/// sleeper and slot so that reference mode never touches it).
 fn spare_sketch() -> PromptSketch {
     SPARE_SKETCH
         .try_with(Cell::take)
@@ -321,7 +321,7 @@ impl Gate {
     ) -> Result<LeaseToken, AcquireError> {
         let shared = &*self.shared;
         let clock = &*shared.clock;
-        let ThreadWaker { parker, slot } = ThreadWaker::take();
+        let ThreadWaker { sleeper, slot } = ThreadWaker::take();
         let started = clock.now_ns();
         // Dropped on any way out, a probe's unwind included, the attempt
         // abandons itself: no pending slot is left behind.
@@ -346,11 +346,11 @@ impl Gate {
                     attempt.on_prefix(raw, clock.now_ns())
                 }
                 Step::Sleep { until_ns } => {
-                    let until = shared.watch.sleep_until(&parker, &shared.core, until_ns);
-                    parker.park_until(clock, until);
+                    let until = shared.watch.sleep_until(&sleeper, &shared.core, until_ns);
+                    sleeper.wait_until(clock, until);
                     let next = attempt.on_wake(clock.now_ns());
                     if !matches!(next, Ok(Step::Sleep { .. })) {
-                        shared.watch.leave(&parker, &shared.core);
+                        shared.watch.leave(&sleeper, &shared.core);
                     }
                     next
                 }
@@ -360,7 +360,7 @@ impl Gate {
             step = next;
         };
         keep_sketch(&mut attempt);
-        ThreadWaker::give_back(parker, attempt);
+        ThreadWaker::give_back(sleeper, attempt);
         outcome
     }
 

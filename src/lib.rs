@@ -104,8 +104,8 @@ mod error;
 pub mod ffi;
 mod gate;
 mod lease;
-mod parker;
 mod probe;
+mod sleeper;
 mod sync;
 mod watch;
 

@@ -19,7 +19,7 @@
 //! whoever changes one of those changes it first and then looks here
 //! (SeqCst on both sides), so either the sleeper sees the change or the
 //! waker sees the sleeper. The notification itself is a token the sleeper's
-//! parker keeps, so it is not lost if it arrives before the sleeper parks.
+//! `Sleeper` keeps, so it is not lost if it arrives before the thread sleeps.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -27,7 +27,7 @@ use std::fmt;
 use crate::sync::{dekker_fence, Arc, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering};
 
 /// Wakes the thread or task driving one attempt. Called with gate locks
-/// held: it must only set a flag, unpark, or enqueue, never call into the gate.
+/// held: it must only set a flag, wake a thread, or enqueue, never call into the gate.
 pub trait Notify: Send + Sync {
     /// The attempt has something to look at: call its `on_wake` soon.
     fn notify(&self);
