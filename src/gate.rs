@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{duration_ns, Config, ConfigError};
 use crate::core::{
-    Attempt, Core, GateStats, LeaseToken, Notify, PromptSketch, SessionStats, Slot, Step,
+    Attempt, Core, GateStats, LeaseToken, Notify, PromptSketch, SessionStats, Step, Waiter,
 };
 use crate::error::AcquireError;
 use crate::lease::Lease;
@@ -145,18 +145,18 @@ impl fmt::Debug for Gate {
     }
 }
 
-/// What a thread needs to wait in `acquire`: a sleeper and an attempt slot
+/// What a thread needs to wait in `acquire`: a sleeper and an attempt's waiter
 /// whose notifier wakes it.
 ///
 /// Why it is kept per thread: allocating the sleeper, its notifier box and
-/// the slot would cost three allocations and three frees per `acquire`, a
+/// the waiter would cost three allocations and three frees per `acquire`, a
 /// large share of the open path's cost. A thread takes its spare for the
 /// attempt and puts it back when the attempt has ended and nobody else
-/// holds the slot; a nested `acquire` (a probe calling back into a gate)
+/// holds the waiter; a nested `acquire` (a probe calling back into a gate)
 /// finds no spare and makes its own.
 struct ThreadWaker {
     sleeper: Arc<Sleeper>,
-    slot: Arc<Slot>,
+    waiter: Arc<Waiter>,
 }
 
 impl ThreadWaker {
@@ -165,26 +165,26 @@ impl ThreadWaker {
             return spare;
         }
         let sleeper = Sleeper::new();
-        let slot = Arc::new(Slot::new(Box::new(SleeperHandle(sleeper.clone()))));
-        Self { sleeper, slot }
+        let waiter = Arc::new(Waiter::new(Box::new(SleeperHandle(sleeper.clone()))));
+        Self { sleeper, waiter }
     }
 
-    /// Keeps the sleeper and the ended attempt's slot for this thread's next
-    /// attempt, if nobody else holds the slot any more.
+    /// Keeps the sleeper and the ended attempt's waiter for this thread's next
+    /// attempt, if nobody else holds the waiter any more.
     fn give_back(sleeper: Arc<Sleeper>, attempt: Attempt<&Core>) {
-        let Some(slot) = attempt.into_spare_slot() else {
+        let Some(waiter) = attempt.into_spare_waiter() else {
             return;
         };
         if crate::sync::KEEP_PER_THREAD_SPARES {
             // Fails only while the thread is exiting: then it is simply dropped.
-            let _ = SPARE.try_with(|spare| spare.set(Some(ThreadWaker { sleeper, slot })));
+            let _ = SPARE.try_with(|spare| spare.set(Some(ThreadWaker { sleeper, waiter })));
         }
     }
 }
 
 /// This thread's last prompt sketch, refilled for its next attempt
 /// (working-set admission sketches every prompt; kept apart from the
-/// sleeper and slot so that reference mode never touches it).
+/// sleeper and waiter so that reference mode never touches it).
 fn spare_sketch() -> PromptSketch {
     SPARE_SKETCH
         .try_with(Cell::take)
@@ -321,12 +321,18 @@ impl Gate {
     ) -> Result<LeaseToken, AcquireError> {
         let shared = &*self.shared;
         let clock = &*shared.clock;
-        let ThreadWaker { sleeper, slot } = ThreadWaker::take();
+        let ThreadWaker { sleeper, waiter } = ThreadWaker::take();
         let started = clock.now_ns();
         // Dropped on any way out, a probe's unwind included, the attempt
-        // abandons itself: no pending slot is left behind.
-        let mut attempt =
-            Attempt::begin_with_slot(&shared.core, session, prompt.len(), started, deadline, slot)?;
+        // abandons itself: no pending waiter is left behind.
+        let mut attempt = Attempt::begin_with_waiter(
+            &shared.core,
+            session,
+            prompt.len(),
+            started,
+            deadline,
+            waiter,
+        )?;
         if shared.core.wants_prompt_sketch() {
             let mut sketch = spare_sketch();
             sketch.refill(prompt);

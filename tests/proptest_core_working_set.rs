@@ -852,7 +852,7 @@ impl Harness {
         let pending = self.live.iter().filter(|l| !l.superseded).count() as u64;
         prop_assert_eq!(s.pending_attempts, pending, "pending attempts");
         // A cancelled attempt replaced by a newer one before it was driven
-        // is neither pending (its successor holds the slot) nor ended yet.
+        // is neither pending (its successor holds the waiter) nor ended yet.
         let limbo = self
             .live
             .iter()

@@ -16,7 +16,7 @@
 //! Nothing a driver does can leak: an [`Attempt`] holds its core (`&Core`
 //! for a driver on one stack, `Arc<Core>` for one that keeps attempts in a
 //! table, as an event loop does), and dropping it before it ended abandons
-//! it (counted as cancelled, its pending slot and any wake-up it was handed
+//! it (counted as cancelled, its pending waiter and any wake-up it was handed
 //! passed on). A step called out of order, or after the end, is refused
 //! with a [`StepError`] and changes nothing.
 
@@ -32,7 +32,7 @@ use super::reason::Reason;
 use super::reference::{decide, Decision, Facts};
 use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
-use super::waiters::{Enqueued, Notify, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
+use super::waiters::{Enqueued, Notify, Waiter, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
 use super::working_set::{EngineCapacity, Verdict};
 use super::Core;
 use crate::error::AcquireError;
@@ -236,25 +236,25 @@ impl<C: Deref<Target = Core>> Attempt<C> {
         deadline: Option<u64>,
         notifier: Box<dyn Notify>,
     ) -> Result<Self, AcquireError> {
-        let slot = Arc::new(Slot::new(notifier));
-        Self::begin_with_slot(core, session, prompt_len, now, deadline, slot)
+        let waiter = Arc::new(Waiter::new(notifier));
+        Self::begin_with_waiter(core, session, prompt_len, now, deadline, waiter)
     }
 
-    /// [`Attempt::begin`] with a slot nobody else holds: a new one, or one
-    /// that [`Attempt::into_spare_slot`] handed back. The blocking gate
+    /// [`Attempt::begin`] with a waiter nobody else holds: a new one, or one
+    /// that [`Attempt::into_spare_waiter`] handed back. The blocking gate
     /// keeps one per thread, so its attempts allocate nothing.
-    pub(crate) fn begin_with_slot(
+    pub(crate) fn begin_with_waiter(
         core: C,
         session: &[u8],
         prompt_len: usize,
         now: u64,
         deadline: Option<u64>,
-        slot: Arc<Slot>,
+        waiter: Arc<Waiter>,
     ) -> Result<Self, AcquireError> {
-        let (slot, key) = core.register_attempt(session, now, slot)?;
+        let (waiter, key) = core.register_attempt(session, now, waiter)?;
         Ok(Self {
             core,
-            machine: Machine::new(slot, key, prompt_len, now, deadline),
+            machine: Machine::new(waiter, key, prompt_len, now, deadline),
         })
     }
 
@@ -275,7 +275,7 @@ impl<C: Deref<Target = Core>> Attempt<C> {
 
     /// Gate-unique id of this attempt; ids of one session grow over time.
     pub fn id(&self) -> u64 {
-        self.machine.slot.attempt_id
+        self.machine.waiter.attempt_id
     }
 
     /// The session this attempt is for.
@@ -339,11 +339,14 @@ impl<C: Deref<Target = Core>> Attempt<C> {
         }
     }
 
-    /// The slot of this ended attempt, if nothing else holds it any more, so
+    /// The waiter of this ended attempt, if nothing else holds it any more, so
     /// its driver can begin its next attempt with it
-    /// ([`Attempt::begin_with_slot`]) instead of allocating one.
-    pub(crate) fn into_spare_slot(self) -> Option<Arc<Slot>> {
-        debug_assert!(self.is_done(), "only an ended attempt gives its slot back");
+    /// ([`Attempt::begin_with_waiter`]) instead of allocating one.
+    pub(crate) fn into_spare_waiter(self) -> Option<Arc<Waiter>> {
+        debug_assert!(
+            self.is_done(),
+            "only an ended attempt gives its waiter back"
+        );
         // `Drop` would only abandon, which an ended attempt does not need;
         // taking the fields out by value needs it not to run at all.
         let this = ManuallyDrop::new(self);
@@ -352,9 +355,9 @@ impl<C: Deref<Target = Core>> Attempt<C> {
         let (core, machine) =
             unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.machine)) };
         drop(core);
-        // No `Weak` to a slot is ever made, so a strong count of one means
+        // No `Weak` to a waiter is ever made, so a strong count of one means
         // nobody else can reach it (and `register_attempt` asserts it again).
-        (Arc::strong_count(&machine.slot) == 1).then_some(machine.slot)
+        (Arc::strong_count(&machine.waiter) == 1).then_some(machine.waiter)
     }
 }
 
@@ -368,7 +371,7 @@ impl<C: Deref<Target = Core>> Drop for Attempt<C> {
 /// The attempt's own state and steps; [`Attempt`] pairs it with its core.
 #[derive(Debug)]
 struct Machine {
-    slot: Arc<Slot>,
+    waiter: Arc<Waiter>,
     key: SessionKey,
     prompt_len: usize,
     /// What the prompt looks like, if the driver said ([`Attempt::set_prompt_sketch`]).
@@ -398,14 +401,14 @@ const NO_FACTS: Facts = Facts {
 
 impl Machine {
     fn new(
-        slot: Arc<Slot>,
+        waiter: Arc<Waiter>,
         key: SessionKey,
         prompt_len: usize,
         now: u64,
         deadline: Option<u64>,
     ) -> Self {
         Self {
-            slot,
+            waiter,
             key,
             prompt_len,
             sketch: None,
@@ -451,7 +454,7 @@ impl Machine {
 
     /// Takes a capacity event handed to this attempt, if any.
     fn take_event(&mut self) {
-        if self.slot.wake.swap(0, Ordering::SeqCst) & WAKE_EVENT != 0 {
+        if self.waiter.wake.swap(0, Ordering::SeqCst) & WAKE_EVENT != 0 {
             self.holding_event = true;
         }
     }
@@ -463,7 +466,7 @@ impl Machine {
         }
         let poll_due = self.poll_deadline.is_some_and(|p| now >= p);
         if self.holding_event || poll_due {
-            core.waiters.dequeue(&self.slot);
+            core.waiters.dequeue(&self.waiter);
             return self.new_pass(core, now);
         }
         if self.deadline.is_some_and(|d| now >= d) {
@@ -473,7 +476,7 @@ impl Machine {
         // a tick or a nudge: fire what is due (which may hand an event to
         // this very attempt), else sleep on in place.
         core.purge(now);
-        if core.waiters.still_queued(&self.slot) {
+        if core.waiters.still_queued(&self.waiter) {
             return Step::Sleep {
                 until_ns: self.sleep_until(),
             };
@@ -530,7 +533,7 @@ impl Machine {
             record
                 .pending
                 .as_ref()
-                .is_some_and(|p| Arc::ptr_eq(p, &self.slot)),
+                .is_some_and(|p| Arc::ptr_eq(p, &self.waiter)),
             "an attempt whose fate is open is its session's pending one"
         );
         self.facts.reserved = record.reservation.held_at(now);
@@ -619,11 +622,11 @@ impl Machine {
             return self.fail(core, AcquireError::TimedOut, now);
         }
         let epoch = self.pass_epoch;
-        let enqueued = core.waiters.enqueue(&self.slot, || {
+        let enqueued = core.waiters.enqueue(&self.waiter, || {
             core.epoch() != epoch
                 || core.is_closed()
-                || self.slot.fate() != ACTIVE
-                || self.slot.wake.load(Ordering::SeqCst) & WAKE_EVENT != 0
+                || self.waiter.fate() != ACTIVE
+                || self.waiter.wake.load(Ordering::SeqCst) & WAKE_EVENT != 0
         });
         match enqueued {
             Enqueued::LookAgain => self.new_pass(core, now),
@@ -650,7 +653,7 @@ impl Machine {
         if core.is_closed() {
             return Some(AcquireError::Closed);
         }
-        match self.slot.fate() {
+        match self.waiter.fate() {
             PREEMPTED => Some(AcquireError::Preempted),
             CANCELLED => Some(AcquireError::Cancelled),
             _ => None,
@@ -660,7 +663,7 @@ impl Machine {
     fn fail(&mut self, core: &Core, mut err: AcquireError, now: u64) -> Step {
         debug_assert_ne!(self.phase, Phase::Done);
         self.phase = Phase::Done;
-        core.waiters.dequeue(&self.slot);
+        core.waiters.dequeue(&self.waiter);
         // An event handed to this attempt that it never took with `on_wake`
         // (its driver abandoned it while it slept) is passed on below like a
         // held one, or the next sleeper would sleep until its poll.
@@ -668,15 +671,15 @@ impl Machine {
         // Each attempt ends exactly one way: an attempt ending by itself
         // seals its fate, and if a newer attempt or a cancel sealed it
         // first, that is the outcome reported (and counted) instead.
-        if !matches!(err, AcquireError::Preempted) && !self.slot.set_fate(ENDED) {
-            err = match self.slot.fate() {
+        if !matches!(err, AcquireError::Preempted) && !self.waiter.set_fate(ENDED) {
+            err = match self.waiter.fate() {
                 PREEMPTED => AcquireError::Preempted,
                 CANCELLED => AcquireError::Cancelled,
                 other => unreachable!("fate {other} is sealed once, by begin or cancel"),
             };
         }
         let waited = self.waited.then(|| now.saturating_sub(self.started));
-        core.end_attempt(&self.key, &self.slot, err, waited, now);
+        core.end_attempt(&self.key, &self.waiter, err, waited, now);
         if std::mem::take(&mut self.holding_event) && matches!(core.policy(), Policy::Reference(_))
         {
             core.pass_on_event();

@@ -54,7 +54,7 @@ use reference::Thresholds;
 use sessions::{bump, Expiry, Reservation, SessionKey, SessionRecord, SessionTable};
 use stats::{session_stats_of, ShardCounters};
 use timers::{TimerQueue, NEVER};
-pub(crate) use waiters::Slot;
+pub(crate) use waiters::Waiter;
 use waiters::{Waiters, CANCELLED, PREEMPTED};
 use working_set::{Tuning, TurnReport, WorkingSet, WorkingSetStats};
 
@@ -186,15 +186,15 @@ impl Core {
         self.working_set().is_some()
     }
 
-    /// Makes `slot` (which nobody else holds) the pending attempt of
-    /// `session`, preempting an older one; returns the slot, named, and the
+    /// Makes `waiter` (which nobody else holds) the pending attempt of
+    /// `session`, preempting an older one; returns the waiter, named, and the
     /// session's key.
     pub(crate) fn register_attempt(
         &self,
         session: &[u8],
         now: u64,
-        mut slot: Arc<Slot>,
-    ) -> Result<(Arc<Slot>, SessionKey), AcquireError> {
+        mut waiter: Arc<Waiter>,
+    ) -> Result<(Arc<Waiter>, SessionKey), AcquireError> {
         let hash = self.table.hash(session);
         let index = self.table.shard_index(hash);
         let shard = self.table.shard(index);
@@ -206,11 +206,11 @@ impl Core {
         let (key, superseded) = {
             let mut map = shard.lock();
             let id = map.ids.mint(index, self.table.shard_bits());
-            Arc::get_mut(&mut slot)
-                .expect("an attempt begins with a slot nobody else holds")
+            Arc::get_mut(&mut waiter)
+                .expect("an attempt begins with a waiter nobody else holds")
                 .ready(id);
             let record = map.get_or_insert(session, hash, now, &shard.counters);
-            let superseded = record.pending.replace(slot.clone());
+            let superseded = record.pending.replace(waiter.clone());
             if let Some(old) = &superseded {
                 // Sealed under the lock: the old attempt can no longer be admitted.
                 if old.set_fate(PREEMPTED) {
@@ -227,9 +227,9 @@ impl Core {
             (record.key.clone(), superseded)
         };
         if let Some(old) = superseded {
-            self.waiters.wake_slot(&old);
+            self.waiters.wake_waiter(&old);
         }
-        Ok((slot, key))
+        Ok((waiter, key))
     }
 
     /// Grants the lease of an admission decided for `record`'s pending
@@ -280,7 +280,7 @@ impl Core {
     fn end_attempt(
         &self,
         key: &SessionKey,
-        slot: &Arc<Slot>,
+        waiter: &Arc<Waiter>,
         err: AcquireError,
         waited: Option<u64>,
         now: u64,
@@ -311,9 +311,9 @@ impl Core {
             let mine = record
                 .pending
                 .as_ref()
-                .is_some_and(|p| Arc::ptr_eq(p, slot));
+                .is_some_and(|p| Arc::ptr_eq(p, waiter));
             if mine {
-                // A preempted attempt's slot was already replaced (and the
+                // A preempted attempt's waiter was already replaced (and the
                 // gauge handed over) by its successor.
                 record.pending = None;
                 c.pending_attempts.sub_locked(1);
@@ -462,11 +462,11 @@ impl Core {
             let mut map = shard.lock();
             map.find_mut(hash, session)
                 .and_then(|r| r.pending.clone())
-                .filter(|slot| slot.set_fate(CANCELLED))
+                .filter(|waiter| waiter.set_fate(CANCELLED))
         };
         match target {
-            Some(slot) => {
-                self.waiters.wake_slot(&slot);
+            Some(waiter) => {
+                self.waiters.wake_waiter(&waiter);
                 true
             }
             None => false,
@@ -644,8 +644,8 @@ impl Core {
                 map.find_mut(id.hash, &id.bytes)
                     .and_then(|record| record.pending.clone())
             };
-            if let Some(slot) = pending {
-                self.waiters.hand_event(&slot);
+            if let Some(waiter) = pending {
+                self.waiters.hand_event(&waiter);
             }
         }
     }

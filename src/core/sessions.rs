@@ -12,7 +12,7 @@ use hashbrown::hash_table::{Entry, HashTable};
 
 use crate::core::stats::ShardCounters;
 use crate::core::timers::NEVER;
-use crate::core::waiters::Slot;
+use crate::core::waiters::Waiter;
 use crate::sync::{Arc, Mutex, MutexGuard, TableHasher};
 
 /// A session id with its precomputed hash. Cloning shares the bytes.
@@ -191,7 +191,7 @@ pub(crate) struct SessionRecord {
     /// The attempt currently competing for admission (probing or waiting);
     /// only the newest attempt begun can be here, so an older one is never
     /// admitted.
-    pub(crate) pending: Option<Arc<Slot>>,
+    pub(crate) pending: Option<Arc<Waiter>>,
     pub(crate) active_leases: u32,
     pub(crate) reservation: Reservation,
     /// Set by `finish_session` while leases or an attempt still exist; the
