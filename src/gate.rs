@@ -3,14 +3,11 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::ops::Deref;
 use std::time::Duration;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{duration_ns, Config, ConfigError};
-use crate::core::{
-    Attempt, Core, GateStats, LeaseToken, Notify, PromptSketch, SessionStats, Step, Waiter,
-};
+use crate::core::{Attempt, Core, GateStats, LeaseToken, PromptSketch, SessionStats, Step, Waiter};
 use crate::error::AcquireError;
 use crate::lease::Lease;
 use crate::probe::{EngineCapacity, Probe};
@@ -19,32 +16,14 @@ use crate::sync::Arc;
 use crate::watch::DeadlineWatch;
 use crate::{KvTier, TurnReport};
 
-/// What an event-loop host says of a turn's prompt.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum TurnPrompt<'a> {
-    /// Its length only.
-    Length(usize),
-    /// Its token ids.
-    Tokens(&'a [u32]),
-}
-
-impl TurnPrompt<'_> {
-    fn len(self) -> usize {
-        match self {
-            Self::Length(n) => n,
-            Self::Tokens(ids) => ids.len(),
-        }
-    }
-}
-
 pub(crate) struct Shared {
-    core: Core,
+    pub(crate) core: Core,
     watch: DeadlineWatch,
     probe: Box<dyn Probe>,
     /// The C ABI's tier probe (`kvgate_config_set_tier_probe`), asked
     /// right after the capacity probe.
     tier_probe: Option<Box<dyn TierProbe>>,
-    clock: Box<dyn Clock>,
+    pub(crate) clock: Box<dyn Clock>,
 }
 
 /// A probe of the engine's host tier, asked after the capacity probe: the
@@ -107,25 +86,6 @@ impl Shared {
     }
 }
 
-/// A gate's core as an attempt that outlives one call holds it (the C
-/// ABI's event-loop attempts): the attempt keeps the gate's memory alive.
-#[derive(Clone)]
-pub(crate) struct GateCore(Arc<Shared>);
-
-impl Deref for GateCore {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.0.core
-    }
-}
-
-impl fmt::Debug for GateCore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("GateCore(..)")
-    }
-}
-
 /// The session-level admission gate.
 ///
 /// Cheap to clone (all clones share one gate) and safe to use from any
@@ -134,7 +94,7 @@ impl fmt::Debug for GateCore {
 /// while it waits; expired grace windows are purged by whoever calls next.
 #[derive(Clone)]
 pub struct Gate {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl fmt::Debug for Gate {
@@ -258,12 +218,6 @@ impl Gate {
         })
     }
 
-    /// The sans-IO core this gate drives (the C ABI checks answers and
-    /// counts refusals against it).
-    pub(crate) fn core(&self) -> &Core {
-        &self.shared.core
-    }
-
     /// Blocks until the turn of `session` carrying `prompt` is admitted.
     ///
     /// Returns the lease, or why it was not admitted: [`AcquireError::Preempted`]
@@ -306,11 +260,6 @@ impl Gate {
     ) -> Result<LeaseToken, AcquireError> {
         let deadline = timeout.map(|t| self.shared.clock.now_ns().saturating_add(duration_ns(t)));
         self.acquire_until(session, prompt, deadline)
-    }
-
-    /// Releases a token from [`Gate::acquire_token`].
-    pub(crate) fn release_token(&self, token: LeaseToken, report: TurnReport) {
-        self.shared.release(token, report);
     }
 
     fn acquire_until(
@@ -368,44 +317,6 @@ impl Gate {
         keep_sketch(&mut attempt);
         ThreadWaker::give_back(sleeper, attempt);
         outcome
-    }
-
-    /// Begins an attempt that the caller drives step by step (an event
-    /// loop: it answers the probes itself and sleeps by `notifier`), on
-    /// this gate's clock; see [`Attempt`]. The gate's probes are not asked.
-    /// The prompt is its length, or its token ids: working-set admission
-    /// then sketches them ([`PromptSketch`]).
-    pub(crate) fn begin_attempt(
-        &self,
-        session: &[u8],
-        prompt: TurnPrompt<'_>,
-        timeout: Option<Duration>,
-        notifier: Box<dyn Notify>,
-    ) -> Result<(Attempt<GateCore>, u64), AcquireError> {
-        let now = self.now_ns();
-        let deadline = timeout.map(|t| now.saturating_add(duration_ns(t)));
-        let core = GateCore(self.shared.clone());
-        let mut attempt = Attempt::begin(core, session, prompt.len(), now, deadline, notifier)?;
-        if let TurnPrompt::Tokens(ids) = prompt {
-            if self.shared.core.wants_prompt_sketch() {
-                attempt.set_prompt_sketch(PromptSketch::of(ids));
-            }
-        }
-        Ok((attempt, now))
-    }
-
-    /// The gate's clock, in nanoseconds: the time base of every step's
-    /// deadline.
-    pub(crate) fn now_ns(&self) -> u64 {
-        self.shared.clock.now_ns()
-    }
-
-    /// Fires what is due now and answers the core's next deadline: what an
-    /// event loop's timer calls.
-    pub(crate) fn tick(&self) -> Option<u64> {
-        let core = &self.shared.core;
-        core.purge(self.now_ns());
-        core.next_deadline()
     }
 
     /// Ends `session`'s ownership window and forgets the session once it

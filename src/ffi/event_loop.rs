@@ -22,6 +22,7 @@
 use std::ffi::c_void;
 use std::time::Duration;
 
+use super::driver::{GateCore, TurnPrompt};
 use super::error::{Failure, SessionName};
 use super::gate::{acquire_failure, kvgate_admission, register_lease};
 use super::gate_handle::GateHandle;
@@ -30,7 +31,6 @@ use super::panic::{ffi_boundary, ffi_status};
 use super::status::{kvgate_reason, kvgate_status};
 use super::waker::{kvgate_wake_fn, TagNotifier, Waker};
 use crate::core::{Attempt, Core, Step, StepError};
-use crate::gate::{GateCore, TurnPrompt};
 use crate::sync::{Arc, Mutex};
 use crate::{EngineCapacity, KvTier, TierError};
 

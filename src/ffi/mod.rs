@@ -22,7 +22,8 @@
 //! error, the failure type), `panic` (the one boundary every export runs
 //! in), `handles` (every raw-pointer conversion), `gate_handle` (what a
 //! `kvgate_gate *` owns and how `kvgate_free` waits), `callbacks` (C probes
-//! as a [`Probe`](crate::Probe)), `leases` (the lease registry). Exports by
+//! as a [`Probe`](crate::Probe)), `leases` (the lease registry), `driver`
+//! (what the C ABI drives on a gate beyond the blocking acquire). Exports by
 //! C "class": `version`, `config`, `gate`, `stats`, `event_loop` (attempts
 //! driven step by step, their wakers, the gate's timer; plumbing in `waker`
 //! and `doorbell`).
@@ -52,6 +53,7 @@ mod event_loop;
 // Plumbing.
 #[cfg(not(loom))]
 pub(crate) mod doorbell;
+mod driver;
 mod gate_handle;
 mod handles;
 mod leases;
