@@ -26,7 +26,7 @@ use super::driver::{GateCore, TurnPrompt};
 use super::error::{Failure, SessionName};
 use super::gate::{acquire_failure, kvgate_admission, register_lease};
 use super::gate_handle::GateHandle;
-use super::handles::{self, kvgate_attempt, kvgate_gate, kvgate_waker};
+use super::handles::{self, kvgate_attempt, kvgate_gate, kvgate_waker, Castable};
 use super::panic::{ffi_boundary, ffi_status};
 use super::status::{kvgate_reason, kvgate_status};
 use super::waker::{kvgate_wake_fn, TagNotifier, Waker};
@@ -121,6 +121,10 @@ pub(crate) struct AttemptHandle {
     /// One step at a time: a probe answer may come from any thread.
     attempt: Mutex<Attempt<GateCore>>,
     timeout_ms: i64,
+}
+
+impl Castable for kvgate_attempt {
+    type Rust = AttemptHandle;
 }
 
 impl AttemptHandle {

@@ -35,6 +35,7 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 
+use super::handles::{kvgate_waker, Castable};
 use crate::core::Notify;
 use crate::sync::{Arc, Doorbell, Mutex};
 
@@ -75,6 +76,10 @@ struct Pending {
 #[derive(Debug)]
 pub(crate) struct Waker {
     target: Target,
+}
+
+impl Castable for kvgate_waker {
+    type Rust = Waker;
 }
 
 // SAFETY: the descriptor variant holds only thread-safe state. The callback
