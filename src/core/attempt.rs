@@ -25,7 +25,7 @@ use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::time::Duration;
 
-use super::ledger::{EngineAnswers, SessionId};
+use super::ledger::{EngineAnswers, Grants, SessionId};
 use super::policy::Policy;
 use super::prompt::PromptSketch;
 use super::reason::Reason;
@@ -498,7 +498,7 @@ impl Machine {
         self.poll_deadline = None;
         self.pass_epoch = core.epoch();
         self.phase = Phase::AwaitUsage;
-        if self.waited && matches!(core.policy(), Policy::WorkingSet(_)) {
+        if self.waited && core.policy().waiter_asks_again_unprobed() {
             // A working-set waiter asks the ledger again without asking the
             // engine: its place and any grant handed over while it slept are
             // the ledger's, and the members' own passes keep the engine's
@@ -537,9 +537,47 @@ impl Machine {
             "an attempt whose fate is open is its session's pending one"
         );
         self.facts.reserved = record.reservation.held_at(now);
-        let (decision, stay, grants) = match core.policy() {
+        let (decision, stay, grants) = self.ask_policy(core.policy(), now);
+        let step = match decision {
+            Decision::Admit(reason) => {
+                let grant = Grant {
+                    reason,
+                    prompt_len: self.prompt_len,
+                    waited: self.waited.then(|| now.saturating_sub(self.started)),
+                };
+                let (lease_id, window) =
+                    core.grant(record, ids, index, &shard.counters, grant, now);
+                drop(guard);
+                let holds = match (stay, window) {
+                    (Some(stay), _) => Holds::Stay(stay),
+                    (None, Some(window)) => Holds::Window(window),
+                    (None, None) => Holds::Nothing,
+                };
+                self.admitted(core, reason, lease_id, holds, now)
+            }
+            Decision::AskPrefix => {
+                drop(guard);
+                self.phase = Phase::AwaitPrefix;
+                Step::ProbePrefix
+            }
+            Decision::Wait => {
+                drop(guard);
+                self.sleep(core, now)
+            }
+            Decision::AskUsage => unreachable!("every pass is decided after its usage answer"),
+        };
+        core.hand_over(grants);
+        step
+    }
+
+    /// What the policy in force decides on this pass's answers: the seed's
+    /// table, or the working set's ledger (then also the session's stay,
+    /// and the grants the request handed to others). Called under the
+    /// session's lock.
+    fn ask_policy(&mut self, policy: &Policy, now: u64) -> (Decision, Option<u64>, Grants) {
+        match policy {
             Policy::Reference(thresholds) => {
-                (decide(*thresholds, self.facts), None, Default::default())
+                (decide(*thresholds, self.facts), None, Grants::default())
             }
             Policy::WorkingSet(ledger) => {
                 // The event is the grant itself, which the ledger keeps: one
@@ -559,60 +597,40 @@ impl Machine {
                     ledger.request(&id, self.prompt_len, self.sketch.as_ref(), engine, now);
                 (working_set_decision(verdict), Some(stay), grants)
             }
+        }
+    }
+
+    /// The step of an admission granted as `lease_id`, holding `holds`;
+    /// called with no lock held.
+    fn admitted(
+        &mut self,
+        core: &Core,
+        reason: Reason,
+        lease_id: u64,
+        holds: Holds,
+        now: u64,
+    ) -> Step {
+        self.phase = Phase::Done;
+        if self.holding_event && core.policy().passes_capacity_events() {
+            // Admitted on an event: capacity may remain, let the next
+            // one look. (The working set hands its grants over itself.)
+            core.pass_on_event();
+        }
+        let admission = Admission {
+            lease_id,
+            reason,
+            wait: Duration::from_nanos(now.saturating_sub(self.started)),
+            waited: self.waited,
+            usage: self.facts.usage.and_then(ProbeAnswer::value),
+            hit_ratio: self.facts.prefix.and_then(ProbeAnswer::value),
+            retain_session: matches!(holds, Holds::Window(_))
+                || core.policy().every_admission_retains(),
         };
-        let step = match decision {
-            Decision::Admit(reason) => {
-                let wait_ns = now.saturating_sub(self.started);
-                let grant = Grant {
-                    reason,
-                    prompt_len: self.prompt_len,
-                    waited: self.waited.then_some(wait_ns),
-                };
-                let (lease_id, window) =
-                    core.grant(record, ids, index, &shard.counters, grant, now);
-                drop(guard);
-                self.phase = Phase::Done;
-                if self.holding_event && matches!(core.policy(), Policy::Reference(_)) {
-                    // Admitted on an event: capacity may remain, let the next
-                    // one look. (The working set hands its grants over itself.)
-                    core.pass_on_event();
-                }
-                Step::Admitted(LeaseToken::new(
-                    self.key.clone(),
-                    Admission {
-                        lease_id,
-                        reason,
-                        wait: Duration::from_nanos(wait_ns),
-                        waited: self.waited,
-                        usage: self.facts.usage.and_then(ProbeAnswer::value),
-                        hit_ratio: self.facts.prefix.and_then(ProbeAnswer::value),
-                        retain_session: window.is_some()
-                            || matches!(core.policy(), Policy::WorkingSet(_)),
-                    },
-                    match (stay, window) {
-                        (Some(stay), _) => Holds::Stay(stay),
-                        (None, Some(window)) => Holds::Window(window),
-                        (None, None) => Holds::Nothing,
-                    },
-                    Turn {
-                        prompt_len: self.prompt_len,
-                        admitted_at: now,
-                    },
-                ))
-            }
-            Decision::AskPrefix => {
-                drop(guard);
-                self.phase = Phase::AwaitPrefix;
-                Step::ProbePrefix
-            }
-            Decision::Wait => {
-                drop(guard);
-                self.sleep(core, now)
-            }
-            Decision::AskUsage => unreachable!("every pass is decided after its usage answer"),
+        let turn = Turn {
+            prompt_len: self.prompt_len,
+            admitted_at: now,
         };
-        core.hand_over(grants);
-        step
+        Step::Admitted(LeaseToken::new(self.key.clone(), admission, holds, turn))
     }
 
     fn sleep(&mut self, core: &Core, now: u64) -> Step {
@@ -680,8 +698,7 @@ impl Machine {
         }
         let waited = self.waited.then(|| now.saturating_sub(self.started));
         core.end_attempt(&self.key, &self.waiter, err, waited, now);
-        if std::mem::take(&mut self.holding_event) && matches!(core.policy(), Policy::Reference(_))
-        {
+        if std::mem::take(&mut self.holding_event) && core.policy().passes_capacity_events() {
             core.pass_on_event();
         }
         Step::Failed(err)

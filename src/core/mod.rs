@@ -387,9 +387,9 @@ impl Core {
                 debug_assert!(false, "a record with a live lease is never dropped");
             }
         }
-        match &self.policy {
-            Policy::Reference(_) => self.capacity_event(),
-            Policy::WorkingSet(ledger) => {
+        match self.policy.ledger() {
+            None => self.capacity_event(),
+            Some(ledger) => {
                 let id = SessionId::from(key);
                 let stay = match holds {
                     Holds::Stay(stay) => stay,
@@ -438,10 +438,10 @@ impl Core {
         // Unlike the reference (which notifies on every finish), finishing a
         // session the gate does not track frees nothing, so it wakes nobody:
         // a waiter woken for it would only re-probe the engine for nothing.
-        match &self.policy {
-            Policy::Reference(_) if last.is_some() => self.capacity_event(),
-            Policy::Reference(_) => {}
-            Policy::WorkingSet(ledger) => {
+        match self.policy.ledger() {
+            None if last.is_some() => self.capacity_event(),
+            None => {}
+            Some(ledger) => {
                 let id = SessionId {
                     hash,
                     bytes: session.into(),
@@ -502,9 +502,9 @@ impl Core {
     /// nudged to ask again. Retirements (memory only) are not included: any
     /// later call fires them.
     pub fn next_deadline(&self) -> Option<u64> {
-        let earliest = match &self.policy {
-            Policy::Reference(_) => self.grace_timers.earliest(),
-            Policy::WorkingSet(ledger) => ledger.deadline(),
+        let earliest = match self.policy.ledger() {
+            None => self.grace_timers.earliest(),
+            Some(ledger) => ledger.deadline(),
         };
         (earliest != NEVER).then_some(earliest)
     }
@@ -685,10 +685,7 @@ impl Core {
 
     /// The working set's ledger, in working-set admission.
     fn working_set(&self) -> Option<&Ledger> {
-        match &self.policy {
-            Policy::WorkingSet(ledger) => Some(ledger),
-            Policy::Reference(_) => None,
-        }
+        self.policy.ledger()
     }
 
     fn epoch(&self) -> u64 {
