@@ -24,9 +24,10 @@
 //! `kvgate_gate *` owns and how `kvgate_free` waits), `callbacks` (C probes
 //! as a [`Probe`](crate::Probe)), `leases` (the lease registry), `driver`
 //! (what the C ABI drives on a gate beyond the blocking acquire). Exports by
-//! C "class": `version`, `config`, `gate`, `stats`, `event_loop` (attempts
-//! driven step by step, their wakers, the gate's timer; plumbing in `waker`
-//! and `doorbell`).
+//! C "class": `version`, `config`, `gate`, `stats`, `waker` (the wake
+//! channel of event-loop attempts, and the `Waker` behind it; its bell in
+//! `doorbell`), `event_loop` (attempts driven step by step, the gate's
+//! timer).
 
 // The C names are the contract (`kvgate_status`, `KVGATE_OK`, ...): spelling
 // them verbatim in Rust keeps cbindgen's output free of renaming rules.
@@ -48,6 +49,8 @@ mod gate;
 
 mod stats;
 
+mod waker;
+
 mod event_loop;
 
 // Plumbing.
@@ -58,7 +61,6 @@ mod gate_handle;
 mod handles;
 mod leases;
 mod panic;
-mod waker;
 
 pub use callbacks::{kvgate_capacity_fn, kvgate_prefix_fn, kvgate_tier_fn, kvgate_usage_fn};
 pub use config::{
@@ -76,8 +78,7 @@ pub use event_loop::{
     kvgate_attempt_answer_prefix, kvgate_attempt_answer_usage, kvgate_attempt_answer_usage_tiered,
     kvgate_attempt_begin, kvgate_attempt_begin_with_prompt, kvgate_attempt_cancel,
     kvgate_attempt_free, kvgate_attempt_wake, kvgate_now_ns, kvgate_step, kvgate_step_kind,
-    kvgate_tick, kvgate_waker_drain, kvgate_waker_fd, kvgate_waker_free, kvgate_waker_new,
-    kvgate_waker_new_callback,
+    kvgate_tick,
 };
 pub use gate::{
     kvgate_acquire, kvgate_admission, kvgate_cancel_session, kvgate_close, kvgate_finish_session,
@@ -93,4 +94,7 @@ pub use status::{kvgate_reason, kvgate_reason_str, kvgate_status, kvgate_status_
 pub use version::{
     kvgate_version, KVGATE_VERSION_MAJOR, KVGATE_VERSION_MINOR, KVGATE_VERSION_PATCH,
 };
-pub use waker::kvgate_wake_fn;
+pub use waker::{
+    kvgate_wake_fn, kvgate_waker_drain, kvgate_waker_fd, kvgate_waker_free, kvgate_waker_new,
+    kvgate_waker_new_callback,
+};
