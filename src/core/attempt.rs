@@ -25,7 +25,7 @@ use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::time::Duration;
 
-use super::ledger::{EngineAnswers, Grants, SessionId};
+use super::ledger::{EngineAnswers, Grants, SessionId, Turn};
 use super::policy::Policy;
 use super::prompt::PromptSketch;
 use super::reason::Reason;
@@ -147,13 +147,6 @@ pub(crate) enum Holds {
     /// Working-set mode: the session's stay in the working set that the
     /// turn was admitted in ([`WorkingSet::membership`](super::working_set::WorkingSet::membership)).
     Stay(u64),
-}
-
-/// What a release tells the working set about the turn.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Turn {
-    pub(crate) prompt_len: usize,
-    pub(crate) admitted_at: u64,
 }
 
 impl fmt::Debug for LeaseToken {
