@@ -105,6 +105,7 @@ pub mod ffi;
 mod gate;
 mod lease;
 mod probe;
+mod shared;
 mod sleeper;
 mod sync;
 mod watch;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::config::duration_ns;
 use crate::core::{Attempt, Core, LeaseToken, Notify, PromptSketch};
-use crate::gate::Shared;
+use crate::shared::Shared;
 use crate::sync::Arc;
 use crate::{AcquireError, Gate, TurnReport};
 
