@@ -24,10 +24,10 @@
 //! `kvgate_gate *` owns and how `kvgate_free` waits), `callbacks` (C probes
 //! as a [`Probe`](crate::Probe)), `leases` (the lease registry), `driver`
 //! (what the C ABI drives on a gate beyond the blocking acquire). Exports by
-//! C "class": `version`, `config`, `gate`, `stats`, `waker` (the wake
-//! channel of event-loop attempts, and the `Waker` behind it; its bell in
-//! `doorbell`), `event_loop` (attempts driven step by step, the gate's
-//! timer).
+//! C "class": `version`, `names` (of statuses and reasons, and the last
+//! error), `config`, `gate`, `stats`, `waker` (the wake channel of
+//! event-loop attempts, and the `Waker` behind it; its bell in `doorbell`),
+//! `event_loop` (attempts driven step by step, the gate's timer).
 
 // The C names are the contract (`kvgate_status`, `KVGATE_OK`, ...): spelling
 // them verbatim in Rust keeps cbindgen's output free of renaming rules.
@@ -40,6 +40,8 @@ mod version;
 mod status;
 
 mod error;
+
+mod names;
 
 mod config;
 
@@ -70,7 +72,6 @@ pub use config::{
     kvgate_config_set_session_retention_sec, kvgate_config_set_tier_probe,
     kvgate_config_set_wait_poll_sec,
 };
-pub use error::kvgate_last_error;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use event_loop::waker_is_rung_for_models;
@@ -86,11 +87,12 @@ pub use gate::{
     kvgate_release_with_tier_report, KVGATE_NO_LEASE,
 };
 pub use handles::{kvgate_attempt, kvgate_config, kvgate_gate, kvgate_waker};
+pub use names::{kvgate_last_error, kvgate_reason_str, kvgate_status_str};
 pub use stats::{
     kvgate_get_session_stats, kvgate_get_stats, kvgate_metrics_text, kvgate_session_stats,
     kvgate_stats,
 };
-pub use status::{kvgate_reason, kvgate_reason_str, kvgate_status, kvgate_status_str};
+pub use status::{kvgate_reason, kvgate_status};
 pub use version::{
     kvgate_version, KVGATE_VERSION_MAJOR, KVGATE_VERSION_MINOR, KVGATE_VERSION_PATCH,
 };
