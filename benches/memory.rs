@@ -99,8 +99,8 @@ fn kvgate(n: usize) -> Stages {
     let ids = session_ids("session", n);
     let clock = Arc::new(ManualClock::new(0));
     let gate = Gate::with_clock(config.clone(), Fixed::HOT, clock.clone()).expect("valid config");
-    // One turn first: this thread's first acquire creates its spare parker
-    // and attempt slot (96 bytes, kept for the thread's next acquire).
+    // One turn first: this thread's first acquire creates its spare sleeper
+    // and attempt waiter (96 bytes, kept for the thread's next acquire).
     gate_cycle(&gate, b"warm-up", Reason::ResidentPrefix);
     assert!(gate.finish_session(b"warm-up").is_some());
     clock.advance(config.idle_grace + Duration::from_secs(1));

@@ -94,7 +94,7 @@ fn open_path_single_thread(c: &mut Criterion) {
         })
     });
 
-    // The sans-IO core alone: no clock read, no parker (the time is given).
+    // The sans-IO core alone: no clock read, no sleeper (the time is given).
     let core = Core::new(Config::reference()).expect("valid config");
     let mut now = 0u64;
     g.bench_function("core/hot", |b| {

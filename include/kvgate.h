@@ -152,8 +152,9 @@ typedef uint32_t kvgate_status;
 /**
  * Why `kvgate_acquire` admitted a turn: the rows of the decision table.
  *
- * Values are stable and never reused; new values may be added (a host
- * should log an unknown value rather than reject it).
+ * Values are stable and never reused (8 is reserved: a rule that no
+ * longer exists answered it); new values may be added (a host should log
+ * an unknown value rather than reject it).
  */
 enum kvgate_reason
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
@@ -200,13 +201,6 @@ enum kvgate_reason
      * turns, prefill to spare), so nobody is held out.
      */
     KVGATE_REASON_RUNNING_COLD_PAYS = 7,
-    /**
-     * Working-set admission: no turn was in flight, and the engine had
-     * idled with sessions waiting at least as long as it had spent
-     * re-prefilling evicted prefixes (both measured), so the queue head
-     * went in, members between turns parked for it.
-     */
-    KVGATE_REASON_ENGINE_IDLE = 8,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -557,10 +551,12 @@ typedef struct kvgate_session_stats {
  * marked. Each figure is exact; the set is not one atomic instant.
  *
  * Size-prefixed: the caller passes `sizeof(kvgate_stats)` as it knows it,
- * and the library writes that many bytes at most, `size` first. New
- * figures (a new admission reason's count, say) are only ever appended, so
- * a host built against an older header gets the fields it knows, and one
- * built against a newer header reads `size` to see which were written.
+ * and the library writes that many bytes at most, `size` first. Within a
+ * minor version new figures (a new admission reason's count, say) are only
+ * ever appended, so a host built against an older header gets the fields
+ * it knows, and one built against a newer header reads `size` to see which
+ * were written. While the major version is 0 a minor release may remove a
+ * figure (compare `kvgate_version()` with the header's macros).
  */
 typedef struct kvgate_stats {
     /**
@@ -745,24 +741,6 @@ typedef struct kvgate_stats {
      */
     uint64_t working_set_horizon_turns;
     /**
-     * Retired, always 0: the share of the engine's time spent prefilling
-     * once stretched the horizon; that rule was removed.
-     */
-    double working_set_prefill_share;
-    /**
-     * Admissions `KVGATE_REASON_ENGINE_IDLE`: always 0 (the working set
-     * no longer has that rule).
-     */
-    uint64_t admissions_engine_idle;
-    /**
-     * Retired, always 0 (it fed the removed `engine_idle` rule).
-     */
-    double working_set_idle_sec;
-    /**
-     * Retired, always 0 (it fed the removed `engine_idle` rule).
-     */
-    double working_set_reprefill_sec;
-    /**
      * Gauge: the engine's host tier of KV, tokens, as told by
      * `kvgate_attempt_answer_usage_tiered` or the tier probe (0: none
      * told, and in reference mode).
@@ -860,8 +838,8 @@ const char *kvgate_status_str(uint32_t status);
 /**
  * The name of a reason: `"open"`, `"reserved_session"`,
  * `"prefix_probe_unavailable"`, `"resident_prefix"`, `"fits_working_set"`,
- * `"empty_working_set"`, `"wait_bound"`, `"running_cold_pays"`,
- * `"engine_idle"`, or `"unknown"`.
+ * `"empty_working_set"`, `"wait_bound"`, `"running_cold_pays"`, or
+ * `"unknown"`.
  *
  * Takes a plain `uint32_t` so that any value is safe to pass. The string is
  * static: never free it. Never returns NULL. Thread-safe.

@@ -17,6 +17,10 @@ step() { printf '\n==> %s\n' "$*"; }
 step "scripts/ensure-tools.sh"
 ./scripts/ensure-tools.sh
 
+# Commit subjects made after be8dc7f: at most 72 characters (docs/README.md).
+step "scripts/check-commits.sh"
+./scripts/check-commits.sh
+
 step "cargo fmt --all --check"
 cargo fmt --all --check
 

@@ -3,138 +3,28 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::ops::Deref;
 use std::time::Duration;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{duration_ns, Config, ConfigError};
-use crate::core::{
-    Attempt, Core, GateStats, LeaseToken, Notify, PromptSketch, SessionStats, Slot, Step,
-};
+use crate::core::{Attempt, Core, GateStats, LeaseToken, PromptSketch, SessionStats, Step, Waiter};
 use crate::error::AcquireError;
 use crate::lease::Lease;
-use crate::parker::{Parker, ParkerHandle};
-use crate::probe::{EngineCapacity, Probe};
+use crate::probe::Probe;
+use crate::shared::{Shared, TierProbe};
+use crate::sleeper::{Sleeper, SleeperHandle};
 use crate::sync::Arc;
 use crate::watch::DeadlineWatch;
-use crate::{KvTier, TurnReport};
-
-/// What an event-loop host says of a turn's prompt.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum TurnPrompt<'a> {
-    /// Its length only.
-    Length(usize),
-    /// Its token ids.
-    Tokens(&'a [u32]),
-}
-
-impl TurnPrompt<'_> {
-    fn len(self) -> usize {
-        match self {
-            Self::Length(n) => n,
-            Self::Tokens(ids) => ids.len(),
-        }
-    }
-}
-
-pub(crate) struct Shared {
-    core: Core,
-    watch: DeadlineWatch,
-    probe: Box<dyn Probe>,
-    /// The C ABI's tier probe (`kvgate_config_set_tier_probe`), asked
-    /// right after the capacity probe.
-    tier_probe: Option<Box<dyn TierProbe>>,
-    clock: Box<dyn Clock>,
-}
-
-/// A probe of the engine's host tier, asked after the capacity probe: the
-/// tier as the host told it, unchecked (`None`: the engine has none). Only
-/// the C ABI has one; a Rust host tells its tier with the capacity
-/// ([`EngineCapacity::with_tier`]).
-pub(crate) trait TierProbe: Send + Sync {
-    fn kv_tier(&self, session: &[u8]) -> Option<KvTier>;
-}
-
-impl Shared {
-    pub(crate) fn release(&self, token: LeaseToken, report: TurnReport) {
-        self.core.release_with(token, report, self.clock.now_ns());
-    }
-
-    /// The capacity probe's answer that goes with a usage answer just
-    /// received, or `None` without asking it: reference mode never asks it
-    /// (its table has no use for it), and neither does an attempt whose
-    /// gate closed meanwhile, e.g. from inside the usage probe (a C host
-    /// may even have freed the gate there, and the probes' `user_data`
-    /// with it: after that no probe may be called again). The attempt then
-    /// fails `Closed` on the answer without asking anything more.
-    fn probe_capacity(&self, session: &[u8]) -> Option<EngineCapacity> {
-        if !self.core.wants_capacity() || self.core.is_closed() {
-            return None;
-        }
-        let capacity = self.probe.kv_cache_capacity(session);
-        match &self.tier_probe {
-            // Not asked once the capacity probe closed (or freed) the gate.
-            Some(tier_probe) if !self.core.is_closed() => {
-                self.with_tier(capacity, tier_probe.kv_tier(session))
-            }
-            _ => capacity,
-        }
-    }
-
-    /// The capacity answer with the tier probe's: a tier probe always
-    /// speaks of tiers, so "none" after a tier was told is refused too.
-    /// Nobody can be told of a refusal here: it is counted
-    /// ([`Core::count_refused_answer`]) and the whole answer ignored, as
-    /// if the engine had not answered, so the gate keeps what it knew.
-    fn with_tier(
-        &self,
-        capacity: Option<EngineCapacity>,
-        tier: Option<KvTier>,
-    ) -> Option<EngineCapacity> {
-        let answer = EngineCapacity {
-            tier,
-            ..capacity.unwrap_or_default()
-        };
-        match self.core.check_engine_answer(&answer, true) {
-            Err(_) => {
-                self.core.count_refused_answer();
-                None
-            }
-            // No tier, and none known: the capacity answer as it was.
-            Ok(()) if tier.is_none() => capacity,
-            Ok(()) => Some(answer),
-        }
-    }
-}
-
-/// A gate's core as an attempt that outlives one call holds it (the C
-/// ABI's event-loop attempts): the attempt keeps the gate's memory alive.
-#[derive(Clone)]
-pub(crate) struct GateCore(Arc<Shared>);
-
-impl Deref for GateCore {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.0.core
-    }
-}
-
-impl fmt::Debug for GateCore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("GateCore(..)")
-    }
-}
 
 /// The session-level admission gate.
 ///
 /// Cheap to clone (all clones share one gate) and safe to use from any
 /// number of threads. No thread is ever spawned: a thread calling
-/// [`Gate::acquire`] runs the probes itself and sleeps on its own parker
+/// [`Gate::acquire`] runs the probes itself and sleeps on its own `Sleeper`
 /// while it waits; expired grace windows are purged by whoever calls next.
 #[derive(Clone)]
 pub struct Gate {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl fmt::Debug for Gate {
@@ -145,18 +35,18 @@ impl fmt::Debug for Gate {
     }
 }
 
-/// What a thread needs to wait in `acquire`: a parker and an attempt slot
-/// whose notifier unparks it.
+/// What a thread needs to wait in `acquire`: a sleeper and an attempt's waiter
+/// whose notifier wakes it.
 ///
-/// Why it is kept per thread: allocating the parker, its notifier box and
-/// the slot cost three allocations and three frees per `acquire`, about 500
-/// of the open path's 2,800 instructions (callgrind, benches/README.md). A
-/// thread takes its spare for the attempt and puts it back when the attempt
-/// has ended and nobody else holds the slot; a nested `acquire` (a probe
-/// calling back into a gate) finds no spare and makes its own.
+/// Why it is kept per thread: allocating the sleeper, its notifier box and
+/// the waiter would cost three allocations and three frees per `acquire`, a
+/// large share of the open path's cost. A thread takes its spare for the
+/// attempt and puts it back when the attempt has ended and nobody else
+/// holds the waiter; a nested `acquire` (a probe calling back into a gate)
+/// finds no spare and makes its own.
 struct ThreadWaker {
-    parker: Arc<Parker>,
-    slot: Arc<Slot>,
+    sleeper: Arc<Sleeper>,
+    waiter: Arc<Waiter>,
 }
 
 impl ThreadWaker {
@@ -164,27 +54,27 @@ impl ThreadWaker {
         if let Some(spare) = SPARE.try_with(Cell::take).ok().flatten() {
             return spare;
         }
-        let parker = Parker::new();
-        let slot = Arc::new(Slot::new(Box::new(ParkerHandle(parker.clone()))));
-        Self { parker, slot }
+        let sleeper = Sleeper::new();
+        let waiter = Arc::new(Waiter::new(Box::new(SleeperHandle(sleeper.clone()))));
+        Self { sleeper, waiter }
     }
 
-    /// Keeps the parker and the ended attempt's slot for this thread's next
-    /// attempt, if nobody else holds the slot any more.
-    fn give_back(parker: Arc<Parker>, attempt: Attempt<&Core>) {
-        let Some(slot) = attempt.into_spare_slot() else {
+    /// Keeps the sleeper and the ended attempt's waiter for this thread's next
+    /// attempt, if nobody else holds the waiter any more.
+    fn give_back(sleeper: Arc<Sleeper>, attempt: Attempt<&Core>) {
+        let Some(waiter) = attempt.into_spare_waiter() else {
             return;
         };
         if crate::sync::KEEP_PER_THREAD_SPARES {
             // Fails only while the thread is exiting: then it is simply dropped.
-            let _ = SPARE.try_with(|spare| spare.set(Some(ThreadWaker { parker, slot })));
+            let _ = SPARE.try_with(|spare| spare.set(Some(ThreadWaker { sleeper, waiter })));
         }
     }
 }
 
 /// This thread's last prompt sketch, refilled for its next attempt
 /// (working-set admission sketches every prompt; kept apart from the
-/// parker and slot so that reference mode never touches it).
+/// sleeper and waiter so that reference mode never touches it).
 fn spare_sketch() -> PromptSketch {
     SPARE_SKETCH
         .try_with(Cell::take)
@@ -258,12 +148,6 @@ impl Gate {
         })
     }
 
-    /// The sans-IO core this gate drives (the C ABI checks answers and
-    /// counts refusals against it).
-    pub(crate) fn core(&self) -> &Core {
-        &self.shared.core
-    }
-
     /// Blocks until the turn of `session` carrying `prompt` is admitted.
     ///
     /// Returns the lease, or why it was not admitted: [`AcquireError::Preempted`]
@@ -308,11 +192,6 @@ impl Gate {
         self.acquire_until(session, prompt, deadline)
     }
 
-    /// Releases a token from [`Gate::acquire_token`].
-    pub(crate) fn release_token(&self, token: LeaseToken, report: TurnReport) {
-        self.shared.release(token, report);
-    }
-
     fn acquire_until(
         &self,
         session: &[u8],
@@ -321,12 +200,18 @@ impl Gate {
     ) -> Result<LeaseToken, AcquireError> {
         let shared = &*self.shared;
         let clock = &*shared.clock;
-        let ThreadWaker { parker, slot } = ThreadWaker::take();
+        let ThreadWaker { sleeper, waiter } = ThreadWaker::take();
         let started = clock.now_ns();
         // Dropped on any way out, a probe's unwind included, the attempt
-        // abandons itself: no pending slot is left behind.
-        let mut attempt =
-            Attempt::begin_with_slot(&shared.core, session, prompt.len(), started, deadline, slot)?;
+        // abandons itself: no pending waiter is left behind.
+        let mut attempt = Attempt::begin_with_waiter(
+            &shared.core,
+            session,
+            prompt.len(),
+            started,
+            deadline,
+            waiter,
+        )?;
         if shared.core.wants_prompt_sketch() {
             let mut sketch = spare_sketch();
             sketch.refill(prompt);
@@ -346,11 +231,11 @@ impl Gate {
                     attempt.on_prefix(raw, clock.now_ns())
                 }
                 Step::Sleep { until_ns } => {
-                    let until = shared.watch.sleep_until(&parker, &shared.core, until_ns);
-                    parker.park_until(clock, until);
+                    let until = shared.watch.sleep_until(&sleeper, &shared.core, until_ns);
+                    sleeper.wait_until(clock, until);
                     let next = attempt.on_wake(clock.now_ns());
                     if !matches!(next, Ok(Step::Sleep { .. })) {
-                        shared.watch.leave(&parker, &shared.core);
+                        shared.watch.leave(&sleeper, &shared.core);
                     }
                     next
                 }
@@ -360,46 +245,8 @@ impl Gate {
             step = next;
         };
         keep_sketch(&mut attempt);
-        ThreadWaker::give_back(parker, attempt);
+        ThreadWaker::give_back(sleeper, attempt);
         outcome
-    }
-
-    /// Begins an attempt that the caller drives step by step (an event
-    /// loop: it answers the probes itself and sleeps by `notifier`), on
-    /// this gate's clock; see [`Attempt`]. The gate's probes are not asked.
-    /// The prompt is its length, or its token ids: working-set admission
-    /// then sketches them ([`PromptSketch`]).
-    pub(crate) fn begin_attempt(
-        &self,
-        session: &[u8],
-        prompt: TurnPrompt<'_>,
-        timeout: Option<Duration>,
-        notifier: Box<dyn Notify>,
-    ) -> Result<(Attempt<GateCore>, u64), AcquireError> {
-        let now = self.now_ns();
-        let deadline = timeout.map(|t| now.saturating_add(duration_ns(t)));
-        let core = GateCore(self.shared.clone());
-        let mut attempt = Attempt::begin(core, session, prompt.len(), now, deadline, notifier)?;
-        if let TurnPrompt::Tokens(ids) = prompt {
-            if self.shared.core.wants_prompt_sketch() {
-                attempt.set_prompt_sketch(PromptSketch::of(ids));
-            }
-        }
-        Ok((attempt, now))
-    }
-
-    /// The gate's clock, in nanoseconds: the time base of every step's
-    /// deadline.
-    pub(crate) fn now_ns(&self) -> u64 {
-        self.shared.clock.now_ns()
-    }
-
-    /// Fires what is due now and answers the core's next deadline: what an
-    /// event loop's timer calls.
-    pub(crate) fn tick(&self) -> Option<u64> {
-        let core = &self.shared.core;
-        core.purge(self.now_ns());
-        core.next_deadline()
     }
 
     /// Ends `session`'s ownership window and forgets the session once it

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::core::{Admission, LeaseToken};
-use crate::gate::Shared;
+use crate::shared::Shared;
 use crate::sync::Arc;
 use crate::{Reason, TurnReport};
 

@@ -104,8 +104,9 @@ mod error;
 pub mod ffi;
 mod gate;
 mod lease;
-mod parker;
 mod probe;
+mod shared;
+mod sleeper;
 mod sync;
 mod watch;
 

@@ -180,7 +180,7 @@ macro_rules! thread_local_cell {
 pub(crate) use thread_local_cell;
 
 /// Whether a thread may keep objects for its next call (the blocking gate's
-/// spare parker and slot). Not under loom: an object must not outlive the
+/// spare sleeper and waiter). Not under loom: an object must not outlive the
 /// model execution that made it.
 pub(crate) const KEEP_PER_THREAD_SPARES: bool = !cfg!(loom);
 

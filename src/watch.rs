@@ -21,7 +21,7 @@
 //!   instead hands it on the same way.
 
 use crate::core::Core;
-use crate::parker::Parker;
+use crate::sleeper::Sleeper;
 use crate::sync::{Arc, Mutex};
 
 /// The duty: who watches which deadline.
@@ -32,7 +32,7 @@ pub(crate) struct DeadlineWatch {
 
 #[derive(Debug)]
 struct Duty {
-    holder: Arc<Parker>,
+    holder: Arc<Sleeper>,
     deadline: u64,
 }
 
@@ -43,23 +43,23 @@ impl DeadlineWatch {
         }
     }
 
-    /// Before `parker`'s thread sleeps to `until`: the time it must wake
+    /// Before `sleeper`'s thread sleeps to `until`: the time it must wake
     /// at, which is earlier if it holds (or now takes) the duty for the
     /// core's next deadline.
-    pub(crate) fn sleep_until(&self, parker: &Arc<Parker>, core: &Core, until: u64) -> u64 {
+    pub(crate) fn sleep_until(&self, sleeper: &Arc<Sleeper>, core: &Core, until: u64) -> u64 {
         let Some(deadline) = core.next_deadline() else {
             return until;
         };
         let mut duty = self.duty.lock();
         match &mut *duty {
             // Held by this thread: keep it, for the deadline as it is now.
-            Some(d) if Arc::ptr_eq(&d.holder, parker) => d.deadline = deadline,
+            Some(d) if Arc::ptr_eq(&d.holder, sleeper) => d.deadline = deadline,
             // Someone else wakes no later than it: nothing to do here.
             Some(d) if d.deadline <= deadline => return until,
             // Vacant, or watched too late (a nudge for an earlier one): take it.
             _ => {
                 *duty = Some(Duty {
-                    holder: parker.clone(),
+                    holder: sleeper.clone(),
                     deadline,
                 })
             }
@@ -67,14 +67,14 @@ impl DeadlineWatch {
         until.min(deadline)
     }
 
-    /// `parker`'s thread stops sleeping: it gives the duty up if it held
+    /// `sleeper`'s thread stops sleeping: it gives the duty up if it held
     /// it, and if the duty is vacant while a deadline is pending, nudges a
     /// sleeper to take it.
-    pub(crate) fn leave(&self, parker: &Arc<Parker>, core: &Core) {
+    pub(crate) fn leave(&self, sleeper: &Arc<Sleeper>, core: &Core) {
         let mut duty = self.duty.lock();
         if duty
             .as_ref()
-            .is_some_and(|d| Arc::ptr_eq(&d.holder, parker))
+            .is_some_and(|d| Arc::ptr_eq(&d.holder, sleeper))
         {
             *duty = None;
         }
@@ -118,7 +118,7 @@ mod tests {
         })
         .unwrap();
         let watch = DeadlineWatch::new();
-        let (a, b) = (Parker::new(), Parker::new());
+        let (a, b) = (Sleeper::new(), Sleeper::new());
         assert_eq!(watch.sleep_until(&a, &core, 100), 100, "no deadline");
         core.release(resident(&core, b"g", 0), 0); // a window until 5 s
         let poll = 100 * SEC;

@@ -676,7 +676,7 @@ fn a_step_out_of_order_or_after_the_end_is_refused_and_changes_nothing() {
     );
 }
 
-/// Dropping an attempt between steps abandons it: its pending slot goes,
+/// Dropping an attempt between steps abandons it: its pending waiter goes,
 /// it is counted as cancelled, and an event it was handed is passed on.
 #[test]
 fn an_attempt_dropped_mid_wait_abandons_itself_and_passes_its_event_on() {
@@ -689,7 +689,7 @@ fn an_attempt_dropped_mid_wait_abandons_itself_and_passes_its_event_on() {
     drop(w1);
     assert_eq!(w2.wakes(), before + 1, "the event went on to w2");
     let s = core.session_stats(b"w1", 3).expect("kept for retention");
-    assert!(!s.attempt_pending, "no pending slot left behind");
+    assert!(!s.attempt_pending, "no pending waiter left behind");
     assert_eq!((s.attempts, s.cancelled, s.waits), (1, 1, 1));
     let g = core.stats(3);
     // w2 is pending, out of the queue with its event (not yet taken).

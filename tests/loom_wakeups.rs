@@ -1,8 +1,8 @@
 //! loom models of the blocking gate's wake-ups (invariant 4: no waiter that
-//! could proceed is left asleep), driving the real `Gate`, its parker and a
+//! could proceed is left asleep), driving the real `Gate`, its sleeper and a
 //! manual clock through loom's twins of every lock and atomic.
 //!
-//! A lost wake-up shows up as a deadlock: waiters park on a manual clock
+//! A lost wake-up shows up as a deadlock: waiters sleep on a manual clock
 //! that moves only when a model thread moves it, and the poll (100 s) is
 //! never reached, so only a notification ends a sleep; loom fails the model
 //! when every thread is blocked. Each model also asserts the outcome and the
@@ -10,7 +10,7 @@
 //!
 //! Bounds: at most three model threads besides main; `LOOM_MAX_PREEMPTIONS=2`
 //! (scripts/loom.sh). Each race here needs one preemption to open (a waker
-//! acting between a sleeper's decision and its park) and a second to close it
+//! acting between a sleeper's decision and its sleep) and a second to close it
 //! from the other side, so two preemptions reach every ordering of the two
 //! racing halves; the rest of each thread runs to its next block.
 
@@ -27,7 +27,7 @@ use loom::thread;
 
 /// Release vs a waiter going to sleep: the waiter's probes see pressure, the
 /// releaser frees capacity (usage drops, then the lease is released) while
-/// the waiter is anywhere between its usage probe and its park.
+/// the waiter is anywhere between its usage probe and its sleep.
 #[test]
 fn release_reaches_a_waiter_going_to_sleep() {
     model("release_reaches_a_waiter_going_to_sleep", || {
@@ -132,7 +132,7 @@ fn finish_reaches_a_waiter_going_to_sleep() {
 /// waiter sleeps; the engine frees its blocks at that moment (usage drops).
 /// The clock thread only moves time and says so (`clock_advanced`); it never
 /// purges. The waiter must notice the expiry itself: woken by the tick if it
-/// was parked, and, if it parks after the tick, because the thread on
+/// was asleep, and, if it goes to sleep after the tick, because the thread on
 /// deadline duty (`src/watch.rs`) never sleeps past the core's next deadline.
 #[test]
 fn a_grace_expiry_reaches_a_waiter_with_nobody_else_calling() {

@@ -378,7 +378,7 @@ impl Model {
     }
 
     /// Takes `a` out of the queue wherever it is and notifies it (its fate was sealed).
-    fn wake_slot(&mut self, a: usize) {
+    fn wake_waiter(&mut self, a: usize) {
         self.dequeue(a);
         self.attempts[a].must_be_notified = true;
     }
@@ -445,7 +445,7 @@ impl Model {
                     self.sessions.get_mut(&s).unwrap().c.preempted += 1;
                     self.stats.preempted += 1;
                 }
-                self.wake_slot(old);
+                self.wake_waiter(old);
             }
             None => self.stats.pending_attempts += 1,
         }
@@ -767,7 +767,7 @@ impl Model {
         match target {
             Some(p) => {
                 self.attempts[p].fate = Fate::Cancelled;
-                self.wake_slot(p);
+                self.wake_waiter(p);
                 true
             }
             None => false,

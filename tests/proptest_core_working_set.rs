@@ -56,7 +56,7 @@
 //!   left must end within a bounded number of rounds.
 //!
 //! This harness found three defects, fixed and pinned by
-//! tests/working_set_findings.rs: a release of a lease granted before
+//! tests/working_set_finish_races.rs: a release of a lease granted before
 //! `finish_session` ended the session's next stay's turn; a waiter of a
 //! finished session lost its place and only its poll woke it; a stale
 //! wake-event flag made an attempt that must wait ask for usage again at
@@ -852,7 +852,7 @@ impl Harness {
         let pending = self.live.iter().filter(|l| !l.superseded).count() as u64;
         prop_assert_eq!(s.pending_attempts, pending, "pending attempts");
         // A cancelled attempt replaced by a newer one before it was driven
-        // is neither pending (its successor holds the slot) nor ended yet.
+        // is neither pending (its successor holds the waiter) nor ended yet.
         let limbo = self
             .live
             .iter()

@@ -223,7 +223,7 @@ impl kvgate::core::Notify for NoWake {
 }
 
 /// One open-path attempt on the sans-IO core at `now`: begin, usage answer
-/// below the watermark, admitted, released. No clock, no parker.
+/// below the watermark, admitted, released. No clock, no sleeper.
 pub fn core_cycle(core: &kvgate::core::Core, session: &[u8], now: u64) {
     use kvgate::core::Step;
     let mut attempt = core

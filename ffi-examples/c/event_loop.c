@@ -722,9 +722,7 @@ static void run(const scenario *sc) {
            and nobody went in for running cold paying. */
         CHECK(st.working_set_holding == 1);
         CHECK(st.admissions_running_cold_pays == 0);
-        /* A retired figure, kept in the struct: always 0. The horizon is
-           at least a turn. */
-        CHECK(st.working_set_prefill_share == 0.0);
+        /* The horizon is at least a turn. */
         CHECK(st.working_set_horizon_turns >= 1);
         CHECK(st.prefix_probe_calls == 0);
         /* With a 30 s poll fallback, every wake-up was a targeted one. */
@@ -734,13 +732,12 @@ static void run(const scenario *sc) {
                sc->name, sc->sessions, sc->turns, l->max_running, l->max_sleeping,
                l->threads_while_sleeping);
         printf("%s: reasons fits=%llu empty=%llu wait_bound=%llu reserved=%llu "
-               "running_cold_pays=%llu engine_idle=%llu; parked=%llu\n",
+               "running_cold_pays=%llu; parked=%llu\n",
                sc->name, (unsigned long long)st.admissions_fits_working_set,
                (unsigned long long)st.admissions_empty_working_set,
                (unsigned long long)st.admissions_wait_bound,
                (unsigned long long)st.admissions_reserved_session,
                (unsigned long long)st.admissions_running_cold_pays,
-               (unsigned long long)st.admissions_engine_idle,
                (unsigned long long)st.working_set_parked);
     } else {
         CHECK(st.prefix_probe_calls > 0);

@@ -432,8 +432,9 @@ static void strings_never_null(void) {
 
 /* "status and reason values are never reused; structs never change layout
  * (new fields come with new structs and functions)"; the stats structs
- * are size-prefixed and "new figures are only ever appended". Pinned as
- * released (LP64: the platforms the library is built and tested on). */
+ * are size-prefixed and, within a minor version, "new figures are only
+ * ever appended". Pinned as released (LP64: the platforms the library is
+ * built and tested on). */
 static void values_and_layouts_pinned(void) {
     CHECK(KVGATE_OK == 0 && KVGATE_PREEMPTED == 1 && KVGATE_TIMED_OUT == 2 &&
           KVGATE_CANCELLED == 3 && KVGATE_CLOSED == 4 && KVGATE_INVALID_ARGUMENT == 5 &&
@@ -442,8 +443,7 @@ static void values_and_layouts_pinned(void) {
     CHECK(KVGATE_REASON_OPEN == 0 && KVGATE_REASON_RESERVED_SESSION == 1 &&
           KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE == 2 && KVGATE_REASON_RESIDENT_PREFIX == 3 &&
           KVGATE_REASON_FITS_WORKING_SET == 4 && KVGATE_REASON_EMPTY_WORKING_SET == 5 &&
-          KVGATE_REASON_WAIT_BOUND == 6 && KVGATE_REASON_RUNNING_COLD_PAYS == 7 &&
-          KVGATE_REASON_ENGINE_IDLE == 8);
+          KVGATE_REASON_WAIT_BOUND == 6 && KVGATE_REASON_RUNNING_COLD_PAYS == 7);
     CHECK(KVGATE_STEP_PROBE_USAGE == 0 && KVGATE_STEP_PROBE_PREFIX == 1 &&
           KVGATE_STEP_SLEEP == 2 && KVGATE_STEP_ADMITTED == 3 && KVGATE_STEP_FAILED == 4);
     CHECK(KVGATE_ADMISSION_MODE_WORKING_SET == 0 && KVGATE_ADMISSION_MODE_REFERENCE == 1);
@@ -456,10 +456,11 @@ static void values_and_layouts_pinned(void) {
         CHECK(sizeof(kvgate_step) == 72 && offsetof(kvgate_step, status) == 4 &&
               offsetof(kvgate_step, until_ns) == 8 && offsetof(kvgate_step, sleep_ns) == 16 &&
               offsetof(kvgate_step, admission) == 24);
-        /* Appended to, never rearranged: every field released stays put. */
+        /* Within a minor version appended to, never rearranged: every field
+           released in this one stays put. */
         CHECK(offsetof(kvgate_stats, tracked_sessions) == 224 &&
-              offsetof(kvgate_stats, working_set_reprefill_sec) == 368 &&
-              sizeof(kvgate_stats) >= 376);
+              offsetof(kvgate_stats, working_set_tier_cached_tokens) == 360 &&
+              sizeof(kvgate_stats) >= 368);
         CHECK(offsetof(kvgate_session_stats, retaining_leases) == 68 &&
               offsetof(kvgate_session_stats, reserved) == 73 &&
               offsetof(kvgate_session_stats, idle_sec) == 96 && sizeof(kvgate_session_stats) >= 104);

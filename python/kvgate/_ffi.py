@@ -75,7 +75,6 @@ class Reason(enum.IntEnum):
     EMPTY_WORKING_SET = 5
     WAIT_BOUND = 6
     RUNNING_COLD_PAYS = 7
-    ENGINE_IDLE = 8
 
 
 class StepKind(enum.IntEnum):
@@ -203,8 +202,7 @@ class kvgate_stats(Structure):
             "working_set_tokens working_set_capacity_tokens working_set_shared_prefix_tokens "
             "working_set_window_sec working_set_parked admissions_running_cold_pays "
             "working_set_holding longest_wait_sec working_set_horizon_turns "
-            "working_set_prefill_share admissions_engine_idle working_set_idle_sec "
-            "working_set_reprefill_sec working_set_tier_tokens working_set_refused_answers "
+            "working_set_tier_tokens working_set_refused_answers "
             "working_set_tier_cached_tokens"
         ).split()
     ]

@@ -52,10 +52,6 @@ class Stats:
     working_set_holding: int
     longest_wait_sec: float
     working_set_horizon_turns: int
-    working_set_prefill_share: float
-    admissions_engine_idle: int
-    working_set_idle_sec: float
-    working_set_reprefill_sec: float
     #: Gauge: the engine's host tier of KV, tokens (0: none told).
     working_set_tier_tokens: int = 0
     #: Engine answers and turn reports whose tier figures were refused.

@@ -70,8 +70,6 @@ def test_the_gate_timer_admits_a_waiter_when_a_window_ends(engine):
         assert 0.2 <= waited < 5, waited
         stats = gate.stats()
         assert stats.working_set_window_sec == 0.25
-        # A retired figure, kept in the struct: always 0.
-        assert stats.working_set_prefill_share == 0.0, stats
         assert stats.working_set_horizon_turns >= 1, stats
         lease.release()
 

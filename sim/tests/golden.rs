@@ -83,9 +83,8 @@ struct Figures {
     engine_preemptions: u64,
     reissues: u64,
     /// open, reserved_session, prefix_probe_unavailable, resident_prefix,
-    /// fits_working_set, empty_working_set, wait_bound, running_cold_pays,
-    /// engine_idle
-    admissions: [u64; 9],
+    /// fits_working_set, empty_working_set, wait_bound, running_cold_pays
+    admissions: [u64; 8],
     gate_waits: u64,
     attempts_preempted: u64,
 }
@@ -100,7 +99,7 @@ fn figures(r: &RunResult) -> Figures {
         re_prefilled_tokens: r.engine.re_prefilled_tokens,
         engine_preemptions: r.engine.preemptions,
         reissues: r.reissues,
-        admissions: g.map_or([0; 9], |g| g.admissions_by_reason),
+        admissions: g.map_or([0; 8], |g| g.admissions_by_reason),
         gate_waits: g.map_or(0, |g| g.waits),
         attempts_preempted: g.map_or(0, |g| g.preempted),
     }
@@ -108,12 +107,12 @@ fn figures(r: &RunResult) -> Figures {
 
 #[rustfmt::skip]
 const GOLDEN: [(&str, Figures); 6] = [
-    ("none", Figures { makespan_ns: 6667763556, query_tokens: 135212, hit_tokens: 46144, prefill_tokens: 89204, re_prefilled_tokens: 66377, engine_preemptions: 14, reissues: 0, admissions: [0, 0, 0, 0, 0, 0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
-    ("kvgate-reference", Figures { makespan_ns: 6528711647, query_tokens: 135212, hit_tokens: 48864, prefill_tokens: 86460, re_prefilled_tokens: 63634, engine_preemptions: 10, reissues: 1, admissions: [76, 0, 0, 0, 0, 0, 0, 0, 0], gate_waits: 10, attempts_preempted: 0 }),
-    ("kvgate-tuned", Figures { makespan_ns: 7846444826, query_tokens: 135212, hit_tokens: 75936, prefill_tokens: 59276, re_prefilled_tokens: 36450, engine_preemptions: 0, reissues: 5, admissions: [59, 6, 0, 10, 0, 0, 0, 0, 0], gate_waits: 34, attempts_preempted: 5 }),
-    ("cap-3", Figures { makespan_ns: 13039273408, query_tokens: 135212, hit_tokens: 110464, prefill_tokens: 24748, re_prefilled_tokens: 1922, engine_preemptions: 0, reissues: 0, admissions: [0, 0, 0, 0, 0, 0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
-    ("ttl-pin", Figures { makespan_ns: 6273235483, query_tokens: 135212, hit_tokens: 48480, prefill_tokens: 86858, re_prefilled_tokens: 64030, engine_preemptions: 10, reissues: 0, admissions: [0, 0, 0, 0, 0, 0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
-    ("kvgate", Figures { makespan_ns: 6759629173, query_tokens: 135212, hit_tokens: 52080, prefill_tokens: 83184, re_prefilled_tokens: 60358, engine_preemptions: 5, reissues: 0, admissions: [0, 16, 0, 0, 32, 6, 0, 21, 0], gate_waits: 21, attempts_preempted: 0 }),
+    ("none", Figures { makespan_ns: 6667763556, query_tokens: 135212, hit_tokens: 46144, prefill_tokens: 89204, re_prefilled_tokens: 66377, engine_preemptions: 14, reissues: 0, admissions: [0, 0, 0, 0, 0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
+    ("kvgate-reference", Figures { makespan_ns: 6528711647, query_tokens: 135212, hit_tokens: 48864, prefill_tokens: 86460, re_prefilled_tokens: 63634, engine_preemptions: 10, reissues: 1, admissions: [76, 0, 0, 0, 0, 0, 0, 0], gate_waits: 10, attempts_preempted: 0 }),
+    ("kvgate-tuned", Figures { makespan_ns: 7846444826, query_tokens: 135212, hit_tokens: 75936, prefill_tokens: 59276, re_prefilled_tokens: 36450, engine_preemptions: 0, reissues: 5, admissions: [59, 6, 0, 10, 0, 0, 0, 0], gate_waits: 34, attempts_preempted: 5 }),
+    ("cap-3", Figures { makespan_ns: 13039273408, query_tokens: 135212, hit_tokens: 110464, prefill_tokens: 24748, re_prefilled_tokens: 1922, engine_preemptions: 0, reissues: 0, admissions: [0, 0, 0, 0, 0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
+    ("ttl-pin", Figures { makespan_ns: 6273235483, query_tokens: 135212, hit_tokens: 48480, prefill_tokens: 86858, re_prefilled_tokens: 64030, engine_preemptions: 10, reissues: 0, admissions: [0, 0, 0, 0, 0, 0, 0, 0], gate_waits: 0, attempts_preempted: 0 }),
+    ("kvgate", Figures { makespan_ns: 6759629173, query_tokens: 135212, hit_tokens: 52080, prefill_tokens: 83184, re_prefilled_tokens: 60358, engine_preemptions: 5, reissues: 0, admissions: [0, 16, 0, 0, 32, 6, 0, 21], gate_waits: 21, attempts_preempted: 0 }),
 ];
 
 fn run() -> Vec<RunResult> {

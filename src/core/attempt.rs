@@ -16,7 +16,7 @@
 //! Nothing a driver does can leak: an [`Attempt`] holds its core (`&Core`
 //! for a driver on one stack, `Arc<Core>` for one that keeps attempts in a
 //! table, as an event loop does), and dropping it before it ended abandons
-//! it (counted as cancelled, its pending slot and any wake-up it was handed
+//! it (counted as cancelled, its pending waiter and any wake-up it was handed
 //! passed on). A step called out of order, or after the end, is refused
 //! with a [`StepError`] and changes nothing.
 
@@ -25,14 +25,14 @@ use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::time::Duration;
 
-use super::ledger::{EngineAnswers, SessionId};
+use super::ledger::{EngineAnswers, Grants, SessionId, Turn};
 use super::policy::Policy;
 use super::prompt::PromptSketch;
 use super::reason::Reason;
 use super::reference::{decide, Decision, Facts};
 use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
-use super::waiters::{Enqueued, Notify, Slot, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
+use super::waiters::{Enqueued, Notify, Waiter, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
 use super::working_set::{EngineCapacity, Verdict};
 use super::Core;
 use crate::error::AcquireError;
@@ -149,13 +149,6 @@ pub(crate) enum Holds {
     Stay(u64),
 }
 
-/// What a release tells the working set about the turn.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Turn {
-    pub(crate) prompt_len: usize,
-    pub(crate) admitted_at: u64,
-}
-
 impl fmt::Debug for LeaseToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseToken")
@@ -236,25 +229,25 @@ impl<C: Deref<Target = Core>> Attempt<C> {
         deadline: Option<u64>,
         notifier: Box<dyn Notify>,
     ) -> Result<Self, AcquireError> {
-        let slot = Arc::new(Slot::new(notifier));
-        Self::begin_with_slot(core, session, prompt_len, now, deadline, slot)
+        let waiter = Arc::new(Waiter::new(notifier));
+        Self::begin_with_waiter(core, session, prompt_len, now, deadline, waiter)
     }
 
-    /// [`Attempt::begin`] with a slot nobody else holds: a new one, or one
-    /// that [`Attempt::into_spare_slot`] handed back. The blocking gate
+    /// [`Attempt::begin`] with a waiter nobody else holds: a new one, or one
+    /// that [`Attempt::into_spare_waiter`] handed back. The blocking gate
     /// keeps one per thread, so its attempts allocate nothing.
-    pub(crate) fn begin_with_slot(
+    pub(crate) fn begin_with_waiter(
         core: C,
         session: &[u8],
         prompt_len: usize,
         now: u64,
         deadline: Option<u64>,
-        slot: Arc<Slot>,
+        waiter: Arc<Waiter>,
     ) -> Result<Self, AcquireError> {
-        let (slot, key) = core.register_attempt(session, now, slot)?;
+        let (waiter, key) = core.register_attempt(session, now, waiter)?;
         Ok(Self {
             core,
-            machine: Machine::new(slot, key, prompt_len, now, deadline),
+            machine: Machine::new(waiter, key, prompt_len, now, deadline),
         })
     }
 
@@ -275,7 +268,7 @@ impl<C: Deref<Target = Core>> Attempt<C> {
 
     /// Gate-unique id of this attempt; ids of one session grow over time.
     pub fn id(&self) -> u64 {
-        self.machine.slot.attempt_id
+        self.machine.waiter.attempt_id
     }
 
     /// The session this attempt is for.
@@ -339,11 +332,14 @@ impl<C: Deref<Target = Core>> Attempt<C> {
         }
     }
 
-    /// The slot of this ended attempt, if nothing else holds it any more, so
+    /// The waiter of this ended attempt, if nothing else holds it any more, so
     /// its driver can begin its next attempt with it
-    /// ([`Attempt::begin_with_slot`]) instead of allocating one.
-    pub(crate) fn into_spare_slot(self) -> Option<Arc<Slot>> {
-        debug_assert!(self.is_done(), "only an ended attempt gives its slot back");
+    /// ([`Attempt::begin_with_waiter`]) instead of allocating one.
+    pub(crate) fn into_spare_waiter(self) -> Option<Arc<Waiter>> {
+        debug_assert!(
+            self.is_done(),
+            "only an ended attempt gives its waiter back"
+        );
         // `Drop` would only abandon, which an ended attempt does not need;
         // taking the fields out by value needs it not to run at all.
         let this = ManuallyDrop::new(self);
@@ -352,9 +348,9 @@ impl<C: Deref<Target = Core>> Attempt<C> {
         let (core, machine) =
             unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.machine)) };
         drop(core);
-        // No `Weak` to a slot is ever made, so a strong count of one means
+        // No `Weak` to a waiter is ever made, so a strong count of one means
         // nobody else can reach it (and `register_attempt` asserts it again).
-        (Arc::strong_count(&machine.slot) == 1).then_some(machine.slot)
+        (Arc::strong_count(&machine.waiter) == 1).then_some(machine.waiter)
     }
 }
 
@@ -368,7 +364,7 @@ impl<C: Deref<Target = Core>> Drop for Attempt<C> {
 /// The attempt's own state and steps; [`Attempt`] pairs it with its core.
 #[derive(Debug)]
 struct Machine {
-    slot: Arc<Slot>,
+    waiter: Arc<Waiter>,
     key: SessionKey,
     prompt_len: usize,
     /// What the prompt looks like, if the driver said ([`Attempt::set_prompt_sketch`]).
@@ -398,14 +394,14 @@ const NO_FACTS: Facts = Facts {
 
 impl Machine {
     fn new(
-        slot: Arc<Slot>,
+        waiter: Arc<Waiter>,
         key: SessionKey,
         prompt_len: usize,
         now: u64,
         deadline: Option<u64>,
     ) -> Self {
         Self {
-            slot,
+            waiter,
             key,
             prompt_len,
             sketch: None,
@@ -451,7 +447,7 @@ impl Machine {
 
     /// Takes a capacity event handed to this attempt, if any.
     fn take_event(&mut self) {
-        if self.slot.wake.swap(0, Ordering::SeqCst) & WAKE_EVENT != 0 {
+        if self.waiter.wake.swap(0, Ordering::SeqCst) & WAKE_EVENT != 0 {
             self.holding_event = true;
         }
     }
@@ -463,7 +459,7 @@ impl Machine {
         }
         let poll_due = self.poll_deadline.is_some_and(|p| now >= p);
         if self.holding_event || poll_due {
-            core.waiters.dequeue(&self.slot);
+            core.waiters.dequeue(&self.waiter);
             return self.new_pass(core, now);
         }
         if self.deadline.is_some_and(|d| now >= d) {
@@ -473,7 +469,7 @@ impl Machine {
         // a tick or a nudge: fire what is due (which may hand an event to
         // this very attempt), else sleep on in place.
         core.purge(now);
-        if core.waiters.still_queued(&self.slot) {
+        if core.waiters.still_queued(&self.waiter) {
             return Step::Sleep {
                 until_ns: self.sleep_until(),
             };
@@ -495,14 +491,13 @@ impl Machine {
         self.poll_deadline = None;
         self.pass_epoch = core.epoch();
         self.phase = Phase::AwaitUsage;
-        if self.waited && matches!(core.policy(), Policy::WorkingSet(_)) {
+        if self.waited && core.policy().waiter_asks_again_unprobed() {
             // A working-set waiter asks the ledger again without asking the
             // engine: its place and any grant handed over while it slept are
             // the ledger's, and the members' own passes keep the engine's
             // figures fresh. Each probe is an RPC the engine answers between
             // steps, so a waiter handed room is admitted a step sooner, and
-            // a waited admission costs one probe, not one per wake-up
-            // (measured on `single-turn`: 4.3 probes per admission before).
+            // a waited admission costs one probe, not one per wake-up.
             self.capacity = None;
             return self.decide(core, now, None);
         }
@@ -531,13 +526,51 @@ impl Machine {
             record
                 .pending
                 .as_ref()
-                .is_some_and(|p| Arc::ptr_eq(p, &self.slot)),
+                .is_some_and(|p| Arc::ptr_eq(p, &self.waiter)),
             "an attempt whose fate is open is its session's pending one"
         );
         self.facts.reserved = record.reservation.held_at(now);
-        let (decision, stay, grants) = match core.policy() {
+        let (decision, stay, grants) = self.ask_policy(core.policy(), now);
+        let step = match decision {
+            Decision::Admit(reason) => {
+                let grant = Grant {
+                    reason,
+                    prompt_len: self.prompt_len,
+                    waited: self.waited.then(|| now.saturating_sub(self.started)),
+                };
+                let (lease_id, window) =
+                    core.grant(record, ids, index, &shard.counters, grant, now);
+                drop(guard);
+                let holds = match (stay, window) {
+                    (Some(stay), _) => Holds::Stay(stay),
+                    (None, Some(window)) => Holds::Window(window),
+                    (None, None) => Holds::Nothing,
+                };
+                self.admitted(core, reason, lease_id, holds, now)
+            }
+            Decision::AskPrefix => {
+                drop(guard);
+                self.phase = Phase::AwaitPrefix;
+                Step::ProbePrefix
+            }
+            Decision::Wait => {
+                drop(guard);
+                self.sleep(core, now)
+            }
+            Decision::AskUsage => unreachable!("every pass is decided after its usage answer"),
+        };
+        core.hand_over(grants);
+        step
+    }
+
+    /// What the policy in force decides on this pass's answers: the seed's
+    /// table, or the working set's ledger (then also the session's stay,
+    /// and the grants the request handed to others). Called under the
+    /// session's lock.
+    fn ask_policy(&mut self, policy: &Policy, now: u64) -> (Decision, Option<u64>, Grants) {
+        match policy {
             Policy::Reference(thresholds) => {
-                (decide(*thresholds, self.facts), None, Default::default())
+                (decide(*thresholds, self.facts), None, Grants::default())
             }
             Policy::WorkingSet(ledger) => {
                 // The event is the grant itself, which the ledger keeps: one
@@ -557,60 +590,40 @@ impl Machine {
                     ledger.request(&id, self.prompt_len, self.sketch.as_ref(), engine, now);
                 (working_set_decision(verdict), Some(stay), grants)
             }
+        }
+    }
+
+    /// The step of an admission granted as `lease_id`, holding `holds`;
+    /// called with no lock held.
+    fn admitted(
+        &mut self,
+        core: &Core,
+        reason: Reason,
+        lease_id: u64,
+        holds: Holds,
+        now: u64,
+    ) -> Step {
+        self.phase = Phase::Done;
+        if self.holding_event && core.policy().passes_capacity_events() {
+            // Admitted on an event: capacity may remain, let the next
+            // one look. (The working set hands its grants over itself.)
+            core.pass_on_event();
+        }
+        let admission = Admission {
+            lease_id,
+            reason,
+            wait: Duration::from_nanos(now.saturating_sub(self.started)),
+            waited: self.waited,
+            usage: self.facts.usage.and_then(ProbeAnswer::value),
+            hit_ratio: self.facts.prefix.and_then(ProbeAnswer::value),
+            retain_session: matches!(holds, Holds::Window(_))
+                || core.policy().every_admission_retains(),
         };
-        let step = match decision {
-            Decision::Admit(reason) => {
-                let wait_ns = now.saturating_sub(self.started);
-                let grant = Grant {
-                    reason,
-                    prompt_len: self.prompt_len,
-                    waited: self.waited.then_some(wait_ns),
-                };
-                let (lease_id, window) =
-                    core.grant(record, ids, index, &shard.counters, grant, now);
-                drop(guard);
-                self.phase = Phase::Done;
-                if self.holding_event && matches!(core.policy(), Policy::Reference(_)) {
-                    // Admitted on an event: capacity may remain, let the next
-                    // one look. (The working set hands its grants over itself.)
-                    core.pass_on_event();
-                }
-                Step::Admitted(LeaseToken::new(
-                    self.key.clone(),
-                    Admission {
-                        lease_id,
-                        reason,
-                        wait: Duration::from_nanos(wait_ns),
-                        waited: self.waited,
-                        usage: self.facts.usage.and_then(ProbeAnswer::value),
-                        hit_ratio: self.facts.prefix.and_then(ProbeAnswer::value),
-                        retain_session: window.is_some()
-                            || matches!(core.policy(), Policy::WorkingSet(_)),
-                    },
-                    match (stay, window) {
-                        (Some(stay), _) => Holds::Stay(stay),
-                        (None, Some(window)) => Holds::Window(window),
-                        (None, None) => Holds::Nothing,
-                    },
-                    Turn {
-                        prompt_len: self.prompt_len,
-                        admitted_at: now,
-                    },
-                ))
-            }
-            Decision::AskPrefix => {
-                drop(guard);
-                self.phase = Phase::AwaitPrefix;
-                Step::ProbePrefix
-            }
-            Decision::Wait => {
-                drop(guard);
-                self.sleep(core, now)
-            }
-            Decision::AskUsage => unreachable!("every pass is decided after its usage answer"),
+        let turn = Turn {
+            prompt_len: self.prompt_len,
+            admitted_at: now,
         };
-        core.hand_over(grants);
-        step
+        Step::Admitted(LeaseToken::new(self.key.clone(), admission, holds, turn))
     }
 
     fn sleep(&mut self, core: &Core, now: u64) -> Step {
@@ -620,11 +633,11 @@ impl Machine {
             return self.fail(core, AcquireError::TimedOut, now);
         }
         let epoch = self.pass_epoch;
-        let enqueued = core.waiters.enqueue(&self.slot, || {
+        let enqueued = core.waiters.enqueue(&self.waiter, || {
             core.epoch() != epoch
                 || core.is_closed()
-                || self.slot.fate() != ACTIVE
-                || self.slot.wake.load(Ordering::SeqCst) & WAKE_EVENT != 0
+                || self.waiter.fate() != ACTIVE
+                || self.waiter.wake.load(Ordering::SeqCst) & WAKE_EVENT != 0
         });
         match enqueued {
             Enqueued::LookAgain => self.new_pass(core, now),
@@ -651,7 +664,7 @@ impl Machine {
         if core.is_closed() {
             return Some(AcquireError::Closed);
         }
-        match self.slot.fate() {
+        match self.waiter.fate() {
             PREEMPTED => Some(AcquireError::Preempted),
             CANCELLED => Some(AcquireError::Cancelled),
             _ => None,
@@ -661,7 +674,7 @@ impl Machine {
     fn fail(&mut self, core: &Core, mut err: AcquireError, now: u64) -> Step {
         debug_assert_ne!(self.phase, Phase::Done);
         self.phase = Phase::Done;
-        core.waiters.dequeue(&self.slot);
+        core.waiters.dequeue(&self.waiter);
         // An event handed to this attempt that it never took with `on_wake`
         // (its driver abandoned it while it slept) is passed on below like a
         // held one, or the next sleeper would sleep until its poll.
@@ -669,17 +682,16 @@ impl Machine {
         // Each attempt ends exactly one way: an attempt ending by itself
         // seals its fate, and if a newer attempt or a cancel sealed it
         // first, that is the outcome reported (and counted) instead.
-        if !matches!(err, AcquireError::Preempted) && !self.slot.set_fate(ENDED) {
-            err = match self.slot.fate() {
+        if !matches!(err, AcquireError::Preempted) && !self.waiter.set_fate(ENDED) {
+            err = match self.waiter.fate() {
                 PREEMPTED => AcquireError::Preempted,
                 CANCELLED => AcquireError::Cancelled,
                 other => unreachable!("fate {other} is sealed once, by begin or cancel"),
             };
         }
         let waited = self.waited.then(|| now.saturating_sub(self.started));
-        core.end_attempt(&self.key, &self.slot, err, waited, now);
-        if std::mem::take(&mut self.holding_event) && matches!(core.policy(), Policy::Reference(_))
-        {
+        core.end_attempt(&self.key, &self.waiter, err, waited, now);
+        if std::mem::take(&mut self.holding_event) && core.policy().passes_capacity_events() {
             core.pass_on_event();
         }
         Step::Failed(err)

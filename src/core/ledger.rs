@@ -9,7 +9,6 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc as StdArc;
 
-use super::attempt::Turn;
 use super::prompt::PromptSketch;
 use super::timers::NEVER;
 use super::working_set::{
@@ -71,6 +70,14 @@ impl Grants {
         self.sessions.extend(other.sessions);
         self.deadline_earlier |= other.deadline_earlier;
     }
+}
+
+/// What a release tells the working set about the turn (carried in the
+/// lease token from its admission).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Turn {
+    pub(crate) prompt_len: usize,
+    pub(crate) admitted_at: u64,
 }
 
 /// The engine's answers of an attempt's pass, as far as they were asked:

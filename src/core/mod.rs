@@ -31,6 +31,7 @@ pub mod prompt;
 mod reason;
 pub(crate) mod reference;
 pub(crate) mod sessions;
+mod shrink;
 pub(crate) mod stats;
 pub(crate) mod timers;
 pub(crate) mod waiters;
@@ -51,10 +52,11 @@ use attempt::Holds;
 use ledger::{Grants, Ledger, SessionId};
 use policy::Policy;
 use reference::Thresholds;
+use sessions::session_stats_of;
 use sessions::{bump, Expiry, Reservation, SessionKey, SessionRecord, SessionTable};
-use stats::{session_stats_of, ShardCounters};
+use stats::ShardCounters;
 use timers::{TimerQueue, NEVER};
-pub(crate) use waiters::Slot;
+pub(crate) use waiters::Waiter;
 use waiters::{Waiters, CANCELLED, PREEMPTED};
 use working_set::{Tuning, TurnReport, WorkingSet, WorkingSetStats};
 
@@ -186,15 +188,15 @@ impl Core {
         self.working_set().is_some()
     }
 
-    /// Makes `slot` (which nobody else holds) the pending attempt of
-    /// `session`, preempting an older one; returns the slot, named, and the
+    /// Makes `waiter` (which nobody else holds) the pending attempt of
+    /// `session`, preempting an older one; returns the waiter, named, and the
     /// session's key.
     pub(crate) fn register_attempt(
         &self,
         session: &[u8],
         now: u64,
-        mut slot: Arc<Slot>,
-    ) -> Result<(Arc<Slot>, SessionKey), AcquireError> {
+        mut waiter: Arc<Waiter>,
+    ) -> Result<(Arc<Waiter>, SessionKey), AcquireError> {
         let hash = self.table.hash(session);
         let index = self.table.shard_index(hash);
         let shard = self.table.shard(index);
@@ -206,11 +208,11 @@ impl Core {
         let (key, superseded) = {
             let mut map = shard.lock();
             let id = map.ids.mint(index, self.table.shard_bits());
-            Arc::get_mut(&mut slot)
-                .expect("an attempt begins with a slot nobody else holds")
+            Arc::get_mut(&mut waiter)
+                .expect("an attempt begins with a waiter nobody else holds")
                 .ready(id);
             let record = map.get_or_insert(session, hash, now, &shard.counters);
-            let superseded = record.pending.replace(slot.clone());
+            let superseded = record.pending.replace(waiter.clone());
             if let Some(old) = &superseded {
                 // Sealed under the lock: the old attempt can no longer be admitted.
                 if old.set_fate(PREEMPTED) {
@@ -227,9 +229,9 @@ impl Core {
             (record.key.clone(), superseded)
         };
         if let Some(old) = superseded {
-            self.waiters.wake_slot(&old);
+            self.waiters.wake_waiter(&old);
         }
-        Ok((slot, key))
+        Ok((waiter, key))
     }
 
     /// Grants the lease of an admission decided for `record`'s pending
@@ -280,7 +282,7 @@ impl Core {
     fn end_attempt(
         &self,
         key: &SessionKey,
-        slot: &Arc<Slot>,
+        waiter: &Arc<Waiter>,
         err: AcquireError,
         waited: Option<u64>,
         now: u64,
@@ -311,9 +313,9 @@ impl Core {
             let mine = record
                 .pending
                 .as_ref()
-                .is_some_and(|p| Arc::ptr_eq(p, slot));
+                .is_some_and(|p| Arc::ptr_eq(p, waiter));
             if mine {
-                // A preempted attempt's slot was already replaced (and the
+                // A preempted attempt's waiter was already replaced (and the
                 // gauge handed over) by its successor.
                 record.pending = None;
                 c.pending_attempts.sub_locked(1);
@@ -387,9 +389,9 @@ impl Core {
                 debug_assert!(false, "a record with a live lease is never dropped");
             }
         }
-        match &self.policy {
-            Policy::Reference(_) => self.capacity_event(),
-            Policy::WorkingSet(ledger) => {
+        match self.policy.ledger() {
+            None => self.capacity_event(),
+            Some(ledger) => {
                 let id = SessionId::from(key);
                 let stay = match holds {
                     Holds::Stay(stay) => stay,
@@ -438,10 +440,10 @@ impl Core {
         // Unlike the reference (which notifies on every finish), finishing a
         // session the gate does not track frees nothing, so it wakes nobody:
         // a waiter woken for it would only re-probe the engine for nothing.
-        match &self.policy {
-            Policy::Reference(_) if last.is_some() => self.capacity_event(),
-            Policy::Reference(_) => {}
-            Policy::WorkingSet(ledger) => {
+        match self.policy.ledger() {
+            None if last.is_some() => self.capacity_event(),
+            None => {}
+            Some(ledger) => {
                 let id = SessionId {
                     hash,
                     bytes: session.into(),
@@ -462,11 +464,11 @@ impl Core {
             let mut map = shard.lock();
             map.find_mut(hash, session)
                 .and_then(|r| r.pending.clone())
-                .filter(|slot| slot.set_fate(CANCELLED))
+                .filter(|waiter| waiter.set_fate(CANCELLED))
         };
         match target {
-            Some(slot) => {
-                self.waiters.wake_slot(&slot);
+            Some(waiter) => {
+                self.waiters.wake_waiter(&waiter);
                 true
             }
             None => false,
@@ -502,9 +504,9 @@ impl Core {
     /// nudged to ask again. Retirements (memory only) are not included: any
     /// later call fires them.
     pub fn next_deadline(&self) -> Option<u64> {
-        let earliest = match &self.policy {
-            Policy::Reference(_) => self.grace_timers.earliest(),
-            Policy::WorkingSet(ledger) => ledger.deadline(),
+        let earliest = match self.policy.ledger() {
+            None => self.grace_timers.earliest(),
+            Some(ledger) => ledger.deadline(),
         };
         (earliest != NEVER).then_some(earliest)
     }
@@ -632,9 +634,8 @@ impl Core {
             self.nudge_a_sleeper();
         }
         // Nearly always nobody: returning before the loop skips making and
-        // dropping the vector's iterator, ~34 instructions per call, and
-        // working-set admission hands over twice per turn (68 of its 3,841
-        // per turn, `benches/instructions.rs`, `open_1t/working_set/hot`).
+        // dropping the vector's iterator, on a call working-set admission
+        // makes twice per turn.
         if grants.sessions.is_empty() {
             return;
         }
@@ -645,8 +646,8 @@ impl Core {
                 map.find_mut(id.hash, &id.bytes)
                     .and_then(|record| record.pending.clone())
             };
-            if let Some(slot) = pending {
-                self.waiters.hand_event(&slot);
+            if let Some(waiter) = pending {
+                self.waiters.hand_event(&waiter);
             }
         }
     }
@@ -696,10 +697,7 @@ impl Core {
 
     /// The working set's ledger, in working-set admission.
     fn working_set(&self) -> Option<&Ledger> {
-        match &self.policy {
-            Policy::WorkingSet(ledger) => Some(ledger),
-            Policy::Reference(_) => None,
-        }
+        self.policy.ledger()
     }
 
     fn epoch(&self) -> u64 {

@@ -69,9 +69,8 @@ fn sample_count(len: usize) -> usize {
 
 impl PromptSketch {
     /// The sketch of a prompt given as token ids. One allocation of the
-    /// exact size (an iterator of unknown length grew a vector and copied
-    /// it: 1,300 instructions for a 64-token prompt, more than the rest of
-    /// a member's turn).
+    /// exact size, not a vector grown (and copied) from an iterator of
+    /// unknown length.
     pub fn of(tokens: &[u32]) -> Self {
         let mut sketch = Self {
             len: 0,
@@ -89,10 +88,7 @@ impl PromptSketch {
     /// each dense one is the one before doubled plus one, up to
     /// `STRIDE - 1`, after which both rules give `2 * STRIDE - 1`; each
     /// strided one is the one before plus `STRIDE`. The pair is read with
-    /// one bounds check, which also ends the walk. For
-    /// the 64-token prompt of `benches/instructions.rs`
-    /// (`open_1t/working_set/hot`), walking them took a turn from 3,288
-    /// instructions to 3,244.
+    /// one bounds check, which also ends the walk.
     pub fn refill(&mut self, tokens: &[u32]) {
         self.len = tokens.len() as u64;
         self.samples.clear();
@@ -120,9 +116,7 @@ impl PromptSketch {
     ///
     /// A session that appends (the usual case) agrees on every sample the
     /// shorter prompt has: that is asked first, as one comparison of the
-    /// two runs of samples, before any search for where they part. For the
-    /// prompts of `benches/instructions.rs` (`open_1t/working_set/hot`),
-    /// 12 of a turn's 3,174 instructions.
+    /// two runs of samples, before any search for where they part.
     pub fn common_prefix(&self, other: &PromptSketch) -> u64 {
         let shared = self.samples.len().min(other.samples.len());
         if self.samples[..shared] == other.samples[..shared] {

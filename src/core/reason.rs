@@ -10,8 +10,8 @@ use std::fmt;
 /// `fits_working_set`, `empty_working_set`, `wait_bound` and
 /// `running_cold_pays`; the seed's table (reference mode) answers `open`,
 /// `reserved_session`, `prefix_probe_unavailable` and `resident_prefix`.
-/// `engine_idle` belonged to a rule the working set no longer has: its
-/// number stays reserved and is never answered.
+/// Number 8 is reserved (a rule that no longer exists answered it) and is
+/// never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 #[non_exhaustive]
@@ -35,15 +35,11 @@ pub enum Reason {
     /// letting everyone run with a cold cache (tool calls long next to
     /// turns, prefill to spare), so nobody is held out.
     RunningColdPays = 7,
-    /// Working set, retired: never answered (the rule that let a queue
-    /// head in while the engine idled was removed). Kept so that no number
-    /// is reused.
-    EngineIdle = 8,
 }
 
 impl Reason {
     /// All reasons, in their numeric order.
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 8] = [
         Reason::Open,
         Reason::ReservedSession,
         Reason::PrefixProbeUnavailable,
@@ -52,7 +48,6 @@ impl Reason {
         Reason::EmptyWorkingSet,
         Reason::WaitBound,
         Reason::RunningColdPays,
-        Reason::EngineIdle,
     ];
 
     /// The seed's name for the reason.
@@ -66,7 +61,6 @@ impl Reason {
             Reason::EmptyWorkingSet => "empty_working_set",
             Reason::WaitBound => "wait_bound",
             Reason::RunningColdPays => "running_cold_pays",
-            Reason::EngineIdle => "engine_idle",
         }
     }
 

@@ -6,13 +6,15 @@
 
 use std::hash::BuildHasher;
 use std::sync::Arc as StdArc;
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 use hashbrown::hash_table::{Entry, HashTable};
 
-use crate::core::stats::ShardCounters;
+use crate::core::shrink::sparse;
+use crate::core::stats::{ReservationState, SessionStats, ShardCounters};
 use crate::core::timers::NEVER;
-use crate::core::waiters::Slot;
+use crate::core::waiters::Waiter;
 use crate::sync::{Arc, Mutex, MutexGuard, TableHasher};
 
 /// A session id with its precomputed hash. Cloning shares the bytes.
@@ -191,7 +193,7 @@ pub(crate) struct SessionRecord {
     /// The attempt currently competing for admission (probing or waiting);
     /// only the newest attempt begun can be here, so an older one is never
     /// admitted.
-    pub(crate) pending: Option<Arc<Slot>>,
+    pub(crate) pending: Option<Arc<Waiter>>,
     pub(crate) active_leases: u32,
     pub(crate) reservation: Reservation,
     /// Set by `finish_session` while leases or an attempt still exist; the
@@ -239,10 +241,10 @@ impl SessionRecord {
 /// A `HashTable` rather than a `HashMap`: the id is hashed once, when an
 /// attempt begins (or a host call names a session), and every later lookup
 /// of the same session (admission, release, settle, timers) reuses the hash
-/// carried in its [`SessionKey`]. With a `HashMap` each lookup re-ran SipHash
-/// over the id: seven times per open-path acquire + release, 55% of the
-/// core's instructions (callgrind, benches/README.md). The record holds its
-/// own key, so the map stores no second copy of it (16 bytes per session).
+/// carried in its [`SessionKey`]. With a `HashMap` each lookup would re-run
+/// SipHash over the id, seven times per open-path acquire + release, most
+/// of the core's cost. The record holds its own key, so the map stores no
+/// second copy of it (16 bytes per session).
 #[derive(Debug, Default)]
 pub(crate) struct ShardMap {
     pub(crate) sessions: HashTable<SessionRecord>,
@@ -263,18 +265,6 @@ impl IdMint {
         self.next_seq += 1;
         (self.next_seq << shard_bits) | shard_index as u64
     }
-}
-
-/// The capacity to shrink a table or queue of `len` entries to, if its
-/// `capacity` has become more than four times what it holds.
-///
-/// Why: neither hash tables nor heaps give memory back by themselves, so
-/// after a burst of 100,000 sessions had finished or retired the gate kept
-/// their 26 MB (benches/README.md, memory). Shrinking to twice the length
-/// when a quarter is used keeps the cost amortised (the next shrink needs
-/// half the entries gone again) and an empty table frees everything.
-pub(crate) fn sparse(len: usize, capacity: usize) -> Option<usize> {
-    (len * 4 < capacity).then_some(len * 2)
 }
 
 /// Whether `record` is the session `bytes` whose hash is `hash` (the full
@@ -417,6 +407,33 @@ impl SessionTable {
     }
 }
 
+/// A record's figures as reported at `now`.
+pub(crate) fn session_stats_of(r: &SessionRecord, now: u64) -> SessionStats {
+    let reservation = match r.reservation {
+        // Expired but not yet purged (purges are batched): already over.
+        Reservation::Grace { until, .. } if until <= now => ReservationState::None,
+        Reservation::None => ReservationState::None,
+        Reservation::InFlight { holders, .. } => ReservationState::InFlight { leases: holders },
+        Reservation::Grace { until, .. } => ReservationState::Grace {
+            remaining: Duration::from_nanos(until - now),
+        },
+    };
+    SessionStats {
+        num_preempted: r.counters.preempted.into(),
+        attempts: r.counters.attempts.into(),
+        admissions: r.counters.admissions.into(),
+        waits: r.counters.waits.into(),
+        wait_time: Duration::from_nanos(r.counters.wait_ns),
+        timed_out: r.counters.timed_out.into(),
+        cancelled: r.counters.cancelled.into(),
+        active_leases: r.active_leases,
+        attempt_pending: r.pending.is_some(),
+        reservation,
+        last_admitted_prompt_len: r.last_admitted_prompt_len as usize,
+        idle_for: Duration::from_nanos(now.saturating_sub(r.last_activity)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,14 +444,6 @@ mod tests {
     fn record_stays_small() {
         let size = std::mem::size_of::<SessionRecord>();
         assert!(size <= 136, "SessionRecord grew to {size} bytes");
-    }
-
-    #[test]
-    fn sparse_tables_shrink_to_twice_their_length() {
-        assert_eq!(sparse(0, 3), Some(0)); // empty: free it all
-        assert_eq!(sparse(0, 0), None); // nothing to free
-        assert_eq!(sparse(10, 40), None);
-        assert_eq!(sparse(9, 40), Some(18));
     }
 
     const GRACE: u64 = 60;

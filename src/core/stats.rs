@@ -9,7 +9,6 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::core::reason::Reason;
-use crate::core::sessions::{Reservation, SessionRecord};
 use crate::core::working_set::WorkingSetStats;
 use crate::probe::ProbeAnswer;
 use crate::sync::{AtomicU64, Ordering};
@@ -536,33 +535,6 @@ pub struct SessionStats {
     pub last_admitted_prompt_len: usize,
     /// Time since the session was last active (began, was admitted, released).
     pub idle_for: Duration,
-}
-
-/// A record's figures as reported at `now`.
-pub(crate) fn session_stats_of(r: &SessionRecord, now: u64) -> SessionStats {
-    let reservation = match r.reservation {
-        // Expired but not yet purged (purges are batched): already over.
-        Reservation::Grace { until, .. } if until <= now => ReservationState::None,
-        Reservation::None => ReservationState::None,
-        Reservation::InFlight { holders, .. } => ReservationState::InFlight { leases: holders },
-        Reservation::Grace { until, .. } => ReservationState::Grace {
-            remaining: Duration::from_nanos(until - now),
-        },
-    };
-    SessionStats {
-        num_preempted: r.counters.preempted.into(),
-        attempts: r.counters.attempts.into(),
-        admissions: r.counters.admissions.into(),
-        waits: r.counters.waits.into(),
-        wait_time: Duration::from_nanos(r.counters.wait_ns),
-        timed_out: r.counters.timed_out.into(),
-        cancelled: r.counters.cancelled.into(),
-        active_leases: r.active_leases,
-        attempt_pending: r.pending.is_some(),
-        reservation,
-        last_admitted_prompt_len: r.last_admitted_prompt_len as usize,
-        idle_for: Duration::from_nanos(now.saturating_sub(r.last_activity)),
-    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::core::sessions::sparse;
+use crate::core::shrink::sparse;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
 /// No deadline pending.

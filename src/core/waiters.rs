@@ -19,7 +19,7 @@
 //! whoever changes one of those changes it first and then looks here
 //! (SeqCst on both sides), so either the sleeper sees the change or the
 //! waker sees the sleeper. The notification itself is a token the sleeper's
-//! parker keeps, so it is not lost if it arrives before the sleeper parks.
+//! `Sleeper` keeps, so it is not lost if it arrives before the thread sleeps.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -27,13 +27,13 @@ use std::fmt;
 use crate::sync::{dekker_fence, Arc, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering};
 
 /// Wakes the thread or task driving one attempt. Called with gate locks
-/// held: it must only set a flag, unpark, or enqueue, never call into the gate.
+/// held: it must only set a flag, wake a thread, or enqueue, never call into the gate.
 pub trait Notify: Send + Sync {
     /// The attempt has something to look at: call its `on_wake` soon.
     fn notify(&self);
 }
 
-// Fate of an attempt (`Slot::fate`): set once, from ACTIVE, by whoever ends it.
+// Fate of an attempt (`Waiter::fate`): set once, from ACTIVE, by whoever ends it.
 pub(crate) const ACTIVE: u8 = 0;
 pub(crate) const PREEMPTED: u8 = 1;
 pub(crate) const CANCELLED: u8 = 2;
@@ -41,14 +41,14 @@ pub(crate) const CANCELLED: u8 = 2;
 /// comes later (a newer attempt, a cancel) finds its fate already sealed.
 pub(crate) const ENDED: u8 = 3;
 
-/// The one wake flag (`Slot::wake`), swapped to zero by the woken attempt:
+/// The one wake flag (`Waiter::wake`), swapped to zero by the woken attempt:
 /// a capacity event was handed to this waiter (it was popped from the
 /// queue). Every other wake-up (a fate, close, a tick, a nudge) carries
 /// nothing: the attempt re-checks its fate, the clock and the queue.
 pub(crate) const WAKE_EVENT: u8 = 1;
 
 /// The shared half of one attempt: how to end it and how to wake it.
-pub(crate) struct Slot {
+pub(crate) struct Waiter {
     pub(crate) attempt_id: u64,
     pub(crate) fate: AtomicU8,
     pub(crate) wake: AtomicU8,
@@ -57,9 +57,9 @@ pub(crate) struct Slot {
     notifier: Box<dyn Notify>,
 }
 
-impl fmt::Debug for Slot {
+impl fmt::Debug for Waiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Slot")
+        f.debug_struct("Waiter")
             .field("attempt_id", &self.attempt_id)
             .field("fate", &self.fate.load(Ordering::Relaxed))
             .field("wake", &self.wake.load(Ordering::Relaxed))
@@ -67,8 +67,8 @@ impl fmt::Debug for Slot {
     }
 }
 
-impl Slot {
-    /// A slot for attempts driven through `notifier`; [`Slot::ready`] names
+impl Waiter {
+    /// A waiter for attempts driven through `notifier`; [`Waiter::ready`] names
     /// the attempt.
     pub(crate) fn new(notifier: Box<dyn Notify>) -> Self {
         Self {
@@ -80,9 +80,9 @@ impl Slot {
         }
     }
 
-    /// Readies a slot that nobody else holds (new, or left over from an
+    /// Readies a waiter that nobody else holds (new, or left over from an
     /// ended attempt of the same driver) for attempt `attempt_id`. Nobody
-    /// can signal an unshared slot, so plain stores suffice; the driver's
+    /// can signal an unshared waiter, so plain stores suffice; the driver's
     /// notifier may still hold a token from the old attempt, which at worst
     /// ends one sleep early (a spurious wake-up, which `on_wake` tolerates).
     pub(crate) fn ready(&mut self, attempt_id: u64) {
@@ -122,7 +122,7 @@ impl Slot {
 #[derive(Debug, Default)]
 struct Queue {
     /// Sleepers by ticket: the lowest ticket has slept longest.
-    fifo: BTreeMap<u64, Arc<Slot>>,
+    fifo: BTreeMap<u64, Arc<Waiter>>,
     next_ticket: u64,
 }
 
@@ -159,14 +159,14 @@ impl Waiters {
         self.sleeping.load(Ordering::SeqCst)
     }
 
-    /// Puts `slot` to sleep at the back of the queue, unless `changed()`
+    /// Puts `waiter` to sleep at the back of the queue, unless `changed()`
     /// (evaluated after registering, under the queue lock) says otherwise.
-    pub(crate) fn enqueue(&self, slot: &Arc<Slot>, changed: impl FnOnce() -> bool) -> Enqueued {
+    pub(crate) fn enqueue(&self, waiter: &Arc<Waiter>, changed: impl FnOnce() -> bool) -> Enqueued {
         let mut q = self.queue.lock();
         let ticket = q.next_ticket;
         q.next_ticket += 1;
-        q.fifo.insert(ticket, slot.clone());
-        slot.ticket.store(ticket, Ordering::SeqCst);
+        q.fifo.insert(ticket, waiter.clone());
+        waiter.ticket.store(ticket, Ordering::SeqCst);
         self.sleeping.store(q.fifo.len(), Ordering::SeqCst);
         // The sleeper's half of the handshake (the waker's is in
         // `Core::capacity_event` and `Core::deadline_moved_earlier`): publish
@@ -175,29 +175,29 @@ impl Waiters {
         dekker_fence();
         if changed() {
             q.fifo.remove(&ticket);
-            slot.ticket.store(0, Ordering::SeqCst);
+            waiter.ticket.store(0, Ordering::SeqCst);
             self.sleeping.store(q.fifo.len(), Ordering::SeqCst);
             return Enqueued::LookAgain;
         }
         Enqueued::Asleep
     }
 
-    /// Whether `slot` still sleeps in its place (woken without an event:
+    /// Whether `waiter` still sleeps in its place (woken without an event:
     /// a deadline, a tick, a nudge). `false` once an event or a fate took
     /// it out of the queue.
-    pub(crate) fn still_queued(&self, slot: &Slot) -> bool {
+    pub(crate) fn still_queued(&self, waiter: &Waiter) -> bool {
         let _q = self.queue.lock(); // ordered with the waker that dequeues
-        slot.ticket.load(Ordering::SeqCst) != 0
+        waiter.ticket.load(Ordering::SeqCst) != 0
     }
 
-    /// Takes `slot` out of the queue if it is there (it woke up and will not
+    /// Takes `waiter` out of the queue if it is there (it woke up and will not
     /// sleep in its place again).
-    pub(crate) fn dequeue(&self, slot: &Slot) {
-        if slot.ticket.load(Ordering::SeqCst) == 0 {
+    pub(crate) fn dequeue(&self, waiter: &Waiter) {
+        if waiter.ticket.load(Ordering::SeqCst) == 0 {
             return;
         }
         let mut q = self.queue.lock();
-        let ticket = slot.ticket.load(Ordering::SeqCst);
+        let ticket = waiter.ticket.load(Ordering::SeqCst);
         if ticket != 0 {
             self.remove(&mut q, ticket);
         }
@@ -209,38 +209,38 @@ impl Waiters {
         let Some((&ticket, _)) = q.fifo.first_key_value() else {
             return false;
         };
-        let slot = self.remove(&mut q, ticket);
-        slot.signal_event();
+        let waiter = self.remove(&mut q, ticket);
+        waiter.signal_event();
         true
     }
 
     /// Wakes one specific attempt (its fate was just set), wherever it is.
-    pub(crate) fn wake_slot(&self, slot: &Slot) {
+    pub(crate) fn wake_waiter(&self, waiter: &Waiter) {
         let mut q = self.queue.lock();
-        let ticket = slot.ticket.load(Ordering::SeqCst);
+        let ticket = waiter.ticket.load(Ordering::SeqCst);
         if ticket != 0 {
             self.remove(&mut q, ticket);
         }
-        slot.nudge();
+        waiter.nudge();
     }
 
     /// Wakes every sleeper to re-check everything (close, clock moved).
-    /// Hands an event to `slot` itself (a working-set grant): taken out of
+    /// Hands an event to `waiter` itself (a working-set grant): taken out of
     /// the queue if it sleeps there; if it is not asleep yet, the event bit
     /// makes its `enqueue` look again (both under the queue's lock).
-    pub(crate) fn hand_event(&self, slot: &Slot) {
+    pub(crate) fn hand_event(&self, waiter: &Waiter) {
         let mut q = self.queue.lock();
-        let ticket = slot.ticket.load(Ordering::SeqCst);
+        let ticket = waiter.ticket.load(Ordering::SeqCst);
         if ticket != 0 {
             self.remove(&mut q, ticket);
         }
-        slot.signal_event();
+        waiter.signal_event();
     }
 
     pub(crate) fn wake_all(&self) {
         let q = self.queue.lock();
-        for slot in q.fifo.values() {
-            slot.nudge();
+        for waiter in q.fifo.values() {
+            waiter.nudge();
         }
     }
 
@@ -250,15 +250,15 @@ impl Waiters {
     /// asleep when the deadline comes.
     pub(crate) fn nudge_newest(&self) {
         let q = self.queue.lock();
-        if let Some((_, slot)) = q.fifo.last_key_value() {
-            slot.nudge();
+        if let Some((_, waiter)) = q.fifo.last_key_value() {
+            waiter.nudge();
         }
     }
 
-    fn remove(&self, q: &mut Queue, ticket: u64) -> Arc<Slot> {
-        let slot = q.fifo.remove(&ticket).expect("ticket is queued");
-        slot.ticket.store(0, Ordering::SeqCst);
+    fn remove(&self, q: &mut Queue, ticket: u64) -> Arc<Waiter> {
+        let waiter = q.fifo.remove(&ticket).expect("ticket is queued");
+        waiter.ticket.store(0, Ordering::SeqCst);
         self.sleeping.store(q.fifo.len(), Ordering::SeqCst);
-        slot
+        waiter
     }
 }

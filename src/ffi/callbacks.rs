@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use crate::gate::TierProbe;
+use crate::shared::TierProbe;
 use crate::{EngineCapacity, KvTier, Probe};
 
 /// The usage probe (NULL: always unavailable). Asks the engine for its

@@ -9,7 +9,7 @@ use super::callbacks::{
     kvgate_capacity_fn, kvgate_prefix_fn, kvgate_tier_fn, kvgate_usage_fn, ProbeFns,
 };
 use super::error::Failure;
-use super::handles::{self, kvgate_config};
+use super::handles::{self, kvgate_config, Castable};
 use super::panic::{ffi_boundary, ffi_status};
 use super::status::kvgate_status;
 use crate::{AdmissionMode, Config};
@@ -19,6 +19,10 @@ use crate::{AdmissionMode, Config};
 pub(crate) struct Builder {
     pub(crate) config: Config,
     pub(crate) probes: ProbeFns,
+}
+
+impl Castable for kvgate_config {
+    type Rust = Builder;
 }
 
 /// A new configuration builder holding the defaults: working-set admission

@@ -5,7 +5,6 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::fmt;
 
-use super::panic::ffi_boundary;
 use super::status::kvgate_status;
 
 /// A failed call: the status C sees and the message `kvgate_last_error`
@@ -93,27 +92,19 @@ pub(crate) fn last_error_string() -> Option<String> {
     })
 }
 
-/// A human-readable description of the last failed kvgate call on the
-/// calling thread: the function, which argument or value was refused, and
-/// why (e.g. `"kvgate_acquire: session_id is NULL but session_id_len is 5"`).
-///
-/// Only failures set it; a successful call leaves it unchanged. Returns ""
-/// (never NULL) if no call has failed on this thread yet. The string belongs
-/// to the library and stays valid until the next failing kvgate call on the
-/// same thread or until the thread exits; copy it to keep it. Never free it.
-#[unsafe(no_mangle)]
-pub extern "C" fn kvgate_last_error() -> *const c_char {
-    ffi_boundary("kvgate_last_error", || {
-        LAST_ERROR
-            .try_with(|cell| cell.borrow().as_ref().map(|s| s.as_ptr()))
-            .ok()
-            .flatten()
-            .unwrap_or(c"".as_ptr())
-    })
+/// This thread's last error as a C string, or "" (never NULL): what
+/// `kvgate_last_error` returns.
+pub(crate) fn last_error_ptr() -> *const c_char {
+    LAST_ERROR
+        .try_with(|cell| cell.borrow().as_ref().map(|s| s.as_ptr()))
+        .ok()
+        .flatten()
+        .unwrap_or(c"".as_ptr())
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::names::kvgate_last_error;
     use super::*;
     use std::ffi::CStr;
 

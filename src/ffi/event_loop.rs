@@ -1,6 +1,6 @@
-//! Event-loop hosts: attempts driven step by step (`kvgate_attempt_*`), the
-//! wake descriptor or callback that reaches a sleeping one
-//! (`kvgate_waker_*`), and the gate's timer (`kvgate_tick`).
+//! Event-loop hosts: attempts driven step by step (`kvgate_attempt_*`) and
+//! the gate's timer (`kvgate_tick`); the wake descriptor or callback that
+//! reaches a sleeping one (`kvgate_waker_*`) is module `waker`.
 //!
 //! The protocol, which is the Rust core's `Attempt` seen through handles:
 //!
@@ -19,18 +19,17 @@
 //! the same machine. The gate's own deadlines (a window ending) are asked by
 //! `kvgate_tick`, which the host's one timer calls.
 
-use std::ffi::c_void;
 use std::time::Duration;
 
+use super::driver::{GateCore, TurnPrompt};
 use super::error::{Failure, SessionName};
 use super::gate::{acquire_failure, kvgate_admission, register_lease};
 use super::gate_handle::GateHandle;
-use super::handles::{self, kvgate_attempt, kvgate_gate, kvgate_waker};
+use super::handles::{self, kvgate_attempt, kvgate_gate, kvgate_waker, Castable};
 use super::panic::{ffi_boundary, ffi_status};
 use super::status::{kvgate_reason, kvgate_status};
-use super::waker::{kvgate_wake_fn, TagNotifier, Waker};
+use super::waker::{TagNotifier, Waker};
 use crate::core::{Attempt, Core, Step, StepError};
-use crate::gate::{GateCore, TurnPrompt};
 use crate::sync::{Arc, Mutex};
 use crate::{EngineCapacity, KvTier, TierError};
 
@@ -123,6 +122,10 @@ pub(crate) struct AttemptHandle {
     timeout_ms: i64,
 }
 
+impl Castable for kvgate_attempt {
+    type Rust = AttemptHandle;
+}
+
 impl AttemptHandle {
     /// Runs one step of the attempt and turns its outcome into a C step.
     fn step(
@@ -192,149 +195,6 @@ fn c_name(step: &str) -> &'static str {
 /// A probe answer from C: NaN means unavailable.
 fn answer(raw: f64) -> Option<f64> {
     (!raw.is_nan()).then_some(raw)
-}
-
-/// Makes a waker whose tags arrive through a descriptor the host polls
-/// (`kvgate_waker_fd`, then `kvgate_waker_drain` when it is readable). On
-/// Linux an eventfd, elsewhere a pipe; non-blocking and close-on-exec.
-///
-/// One waker serves any number of attempts, on any number of gates: one per
-/// event loop is the intended use. On `KVGATE_OK`, `*out` is the caller's
-/// to free once with `kvgate_waker_free`.
-///
-/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `out`, `KVGATE_OS_ERROR`
-/// when the descriptor cannot be made (the message has the OS's reason).
-///
-/// # Safety
-/// `out` is NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvgate_waker_new(out: *mut *mut kvgate_waker) -> kvgate_status {
-    ffi_status("kvgate_waker_new", || {
-        // SAFETY: forwarded (caller).
-        let out = unsafe { handles::out_arg(out, "out") }?;
-        let waker = Waker::with_descriptor().map_err(|err| {
-            Failure::new(
-                kvgate_status::KVGATE_OS_ERROR,
-                format!("cannot make the wake descriptor: {err}"),
-            )
-        })?;
-        out.write(handles::waker_into_raw(Arc::new(waker)));
-        Ok(())
-    })
-}
-
-/// Makes a waker that calls `wake(user_data, tag)` instead of keeping a
-/// descriptor: see `kvgate_wake_fn` for what it may do (only enqueue: it
-/// runs under gate locks, on the thread that caused the wake-up).
-/// `user_data` must stay valid, and `wake` callable with it from any
-/// thread, until every attempt begun with this waker is freed.
-///
-/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `wake` or `out`.
-///
-/// # Safety
-/// `out` is NULL or writable; `wake` honours `kvgate_wake_fn`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvgate_waker_new_callback(
-    wake: kvgate_wake_fn,
-    user_data: *mut c_void,
-    out: *mut *mut kvgate_waker,
-) -> kvgate_status {
-    ffi_status("kvgate_waker_new_callback", || {
-        // SAFETY: forwarded (caller).
-        let out = unsafe { handles::out_arg(out, "out") }?;
-        let wake = wake.ok_or_else(|| Failure::invalid("wake is NULL"))?;
-        out.write(handles::waker_into_raw(Arc::new(Waker::with_callback(
-            wake, user_data,
-        ))));
-        Ok(())
-    })
-}
-
-/// Writes the waker's descriptor to `*out_fd`: poll it for readability and
-/// call `kvgate_waker_drain` when it is readable. The descriptor belongs to
-/// the waker: do not read, write or close it.
-///
-/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL argument or a callback
-/// waker (which has no descriptor).
-///
-/// # Safety
-/// `waker` is NULL or a live waker; `out_fd` is NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvgate_waker_fd(
-    waker: *const kvgate_waker,
-    out_fd: *mut i32,
-) -> kvgate_status {
-    ffi_status("kvgate_waker_fd", || {
-        // SAFETY: forwarded (caller).
-        let (waker, out) = unsafe {
-            (
-                handles::waker_ref(waker)?,
-                handles::out_arg(out_fd, "out_fd")?,
-            )
-        };
-        let fd = waker.fd().ok_or_else(|| {
-            Failure::invalid(
-                "this waker calls a callback (kvgate_waker_new_callback): it has no descriptor",
-            )
-        })?;
-        out.write(fd);
-        Ok(())
-    })
-}
-
-/// Moves up to `capacity` tags of attempts that have something to look at
-/// into `tags`, oldest first, writes how many to `*out_count`, and makes
-/// the descriptor unreadable unless tags are left over (then it stays
-/// readable: drain again). Call `kvgate_attempt_wake` on each tag's attempt
-/// whose last step was `KVGATE_STEP_SLEEP`; a tag may come more than once,
-/// or for an attempt that has moved on or ended: ignore those.
-///
-/// `tags` may be NULL when `capacity` is 0. Thread-safe.
-///
-/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `waker` or `out_count`, a
-/// NULL `tags` with a non-zero `capacity`, or a callback waker.
-///
-/// # Safety
-/// `waker` is NULL or a live waker; `tags` is NULL or has `capacity`
-/// writable elements; `out_count` is NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvgate_waker_drain(
-    waker: *const kvgate_waker,
-    tags: *mut u64,
-    capacity: usize,
-    out_count: *mut usize,
-) -> kvgate_status {
-    ffi_status("kvgate_waker_drain", || {
-        // SAFETY: forwarded (caller).
-        let (waker, tags, out) = unsafe {
-            (
-                handles::waker_ref(waker)?,
-                handles::slice_out_arg(tags, capacity, "tags", "capacity")?,
-                handles::out_arg(out_count, "out_count")?,
-            )
-        };
-        let n = waker.drain(tags).ok_or_else(|| {
-            Failure::invalid(
-                "this waker calls a callback (kvgate_waker_new_callback): it keeps no tags",
-            )
-        })?;
-        out.write(n);
-        Ok(())
-    })
-}
-
-/// Frees the host's reference to a waker. NULL is a no-op. Attempts begun
-/// with it keep it alive (and its descriptor open) until they are freed:
-/// free the waker after its attempts, and stop polling its descriptor first.
-///
-/// # Safety
-/// `waker` is NULL or a live waker, freed only once.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvgate_waker_free(waker: *mut kvgate_waker) {
-    ffi_boundary("kvgate_waker_free", || {
-        // SAFETY: NULL or the host's reference, handed back once (caller).
-        drop(unsafe { handles::waker_take(waker) });
-    })
 }
 
 /// Begins an attempt to admit a turn of session `session_id` whose prompt

@@ -12,7 +12,7 @@ use super::panic::{ffi_boundary, ffi_status};
 use super::stats::kvgate_session_stats;
 use super::status::{kvgate_reason, kvgate_status};
 use crate::core::{Admission, LeaseToken};
-use crate::gate::TierProbe;
+use crate::shared::TierProbe;
 use crate::sync::Arc;
 use crate::{AcquireError, Gate, TurnReport};
 

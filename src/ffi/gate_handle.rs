@@ -30,6 +30,7 @@
 
 use std::cell::RefCell;
 
+use super::handles::{kvgate_gate, Castable};
 use super::leases::LeaseRegistry;
 use crate::core::LeaseToken;
 use crate::sync::{AtomicUsize, Condvar, Mutex, Ordering};
@@ -43,6 +44,10 @@ pub(crate) struct GateHandle {
     /// lease needs no reference of its own to it.
     pub(crate) leases: LeaseRegistry<LeaseToken>,
     calls: CallTracker,
+}
+
+impl Castable for kvgate_gate {
+    type Rust = GateHandle;
 }
 
 impl GateHandle {

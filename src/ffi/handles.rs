@@ -1,17 +1,30 @@
 //! Every conversion between a raw pointer from C and a Rust value lives here,
 //! so each handle type is converted one way only: `kvgate_config *` is a
-//! `Box<Builder>`, `kvgate_gate *` an `Arc<GateHandle>`. Every function checks
-//! for NULL (and alignment and size, for arrays) before touching memory and
-//! says which argument was wrong.
+//! `Box` of its builder, `kvgate_gate *` an `Arc` of its gate handle. Every
+//! function checks for NULL (and alignment and size, for arrays) before
+//! touching memory and says which argument was wrong.
+//!
+//! Which Rust value stands behind each handle is said next to that value's
+//! definition ([`Castable`]), so this module names none of them and none of
+//! their modules.
 
 use std::mem::{align_of, size_of, MaybeUninit};
 
-use super::config::Builder;
 use super::error::Failure;
-use super::event_loop::AttemptHandle;
-use super::gate_handle::GateHandle;
-use super::waker::Waker;
 use crate::sync::Arc;
+
+/// A C handle type and the Rust value behind it (rustls-ffi's `Castable`).
+/// Implemented next to that value's definition; whether the handle is a
+/// `Box` or an `Arc` is this module's choice, one per handle type.
+pub(crate) trait Castable {
+    /// The value a handle of this type points to.
+    type Rust;
+}
+
+type Builder = <kvgate_config as Castable>::Rust;
+type GateHandle = <kvgate_gate as Castable>::Rust;
+type Waker = <kvgate_waker as Castable>::Rust;
+type AttemptHandle = <kvgate_attempt as Castable>::Rust;
 
 /// A configuration under construction (opaque; a `Box` of the Rust
 /// `Config` and the host's probes).

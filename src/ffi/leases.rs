@@ -16,14 +16,14 @@ use crate::sync::Mutex;
 
 /// Hashes a lease id for the registry's maps.
 ///
-/// Why not SipHash: the std default hashed the id twice per open-path turn
-/// (insert, remove), ~19% of the instructions of an acquire + release
-/// through the C ABI (callgrind, benches/README.md). The keys are ids the
-/// library minted itself, unique and never reused, so there is no flood of
-/// chosen keys to resist (a host can only *look up* an arbitrary id, once
-/// per release call). A multiply mixes the id's bits (its low bits are the
-/// core's shard index, shared by many ids) and the fold brings the mixed
-/// high half down to the low bits the table indexes with.
+/// Why not SipHash: the std default hashes the id twice per open-path turn
+/// (insert, remove), a large share of an acquire + release through the C
+/// ABI. The keys are ids the library minted itself, unique and never
+/// reused, so there is no flood of chosen keys to resist (a host can only
+/// *look up* an arbitrary id, once per release call). A multiply mixes the
+/// id's bits (its low bits are the core's shard index, shared by many ids)
+/// and the fold brings the mixed high half down to the low bits the table
+/// indexes with.
 #[derive(Debug, Default)]
 struct IdHasher(u64);
 

@@ -22,10 +22,12 @@
 //! error, the failure type), `panic` (the one boundary every export runs
 //! in), `handles` (every raw-pointer conversion), `gate_handle` (what a
 //! `kvgate_gate *` owns and how `kvgate_free` waits), `callbacks` (C probes
-//! as a [`Probe`](crate::Probe)), `leases` (the lease registry). Exports by
-//! C "class": `version`, `config`, `gate`, `stats`, `event_loop` (attempts
-//! driven step by step, their wakers, the gate's timer; plumbing in `waker`
-//! and `doorbell`).
+//! as a [`Probe`](crate::Probe)), `leases` (the lease registry), `driver`
+//! (what the C ABI drives on a gate beyond the blocking acquire). Exports by
+//! C "class": `version`, `names` (of statuses and reasons, and the last
+//! error), `config`, `gate`, `stats`, `waker` (the wake channel of
+//! event-loop attempts, and the `Waker` behind it; its bell in `doorbell`),
+//! `event_loop` (attempts driven step by step, the gate's timer).
 
 // The C names are the contract (`kvgate_status`, `KVGATE_OK`, ...): spelling
 // them verbatim in Rust keeps cbindgen's output free of renaming rules.
@@ -39,6 +41,8 @@ mod status;
 
 mod error;
 
+mod names;
+
 mod config;
 
 mod callbacks;
@@ -47,6 +51,8 @@ mod gate;
 
 mod stats;
 
+mod waker;
+
 mod event_loop;
 
 mod rebuild_cost;
@@ -54,11 +60,11 @@ mod rebuild_cost;
 // Plumbing.
 #[cfg(not(loom))]
 pub(crate) mod doorbell;
+mod driver;
 mod gate_handle;
 mod handles;
 mod leases;
 mod panic;
-mod waker;
 
 pub use callbacks::{kvgate_capacity_fn, kvgate_prefix_fn, kvgate_tier_fn, kvgate_usage_fn};
 pub use config::{
@@ -68,7 +74,6 @@ pub use config::{
     kvgate_config_set_session_retention_sec, kvgate_config_set_tier_probe,
     kvgate_config_set_wait_poll_sec,
 };
-pub use error::kvgate_last_error;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use event_loop::waker_is_rung_for_models;
@@ -76,8 +81,7 @@ pub use event_loop::{
     kvgate_attempt_answer_prefix, kvgate_attempt_answer_usage, kvgate_attempt_answer_usage_tiered,
     kvgate_attempt_begin, kvgate_attempt_begin_with_prompt, kvgate_attempt_cancel,
     kvgate_attempt_free, kvgate_attempt_wake, kvgate_now_ns, kvgate_step, kvgate_step_kind,
-    kvgate_tick, kvgate_waker_drain, kvgate_waker_fd, kvgate_waker_free, kvgate_waker_new,
-    kvgate_waker_new_callback,
+    kvgate_tick,
 };
 pub use gate::{
     kvgate_acquire, kvgate_admission, kvgate_cancel_session, kvgate_close, kvgate_finish_session,
@@ -85,13 +89,17 @@ pub use gate::{
     kvgate_release_with_tier_report, KVGATE_NO_LEASE,
 };
 pub use handles::{kvgate_attempt, kvgate_config, kvgate_gate, kvgate_waker};
+pub use names::{kvgate_last_error, kvgate_reason_str, kvgate_status_str};
 pub use rebuild_cost::kvgate_set_rebuild_cost;
 pub use stats::{
     kvgate_get_session_stats, kvgate_get_stats, kvgate_metrics_text, kvgate_session_stats,
     kvgate_stats,
 };
-pub use status::{kvgate_reason, kvgate_reason_str, kvgate_status, kvgate_status_str};
+pub use status::{kvgate_reason, kvgate_status};
 pub use version::{
     kvgate_version, KVGATE_VERSION_MAJOR, KVGATE_VERSION_MINOR, KVGATE_VERSION_PATCH,
 };
-pub use waker::kvgate_wake_fn;
+pub use waker::{
+    kvgate_wake_fn, kvgate_waker_drain, kvgate_waker_fd, kvgate_waker_free, kvgate_waker_new,
+    kvgate_waker_new_callback,
+};

@@ -12,10 +12,12 @@ use crate::{GateStats, ReservationState, SessionStats};
 /// marked. Each figure is exact; the set is not one atomic instant.
 ///
 /// Size-prefixed: the caller passes `sizeof(kvgate_stats)` as it knows it,
-/// and the library writes that many bytes at most, `size` first. New
-/// figures (a new admission reason's count, say) are only ever appended, so
-/// a host built against an older header gets the fields it knows, and one
-/// built against a newer header reads `size` to see which were written.
+/// and the library writes that many bytes at most, `size` first. Within a
+/// minor version new figures (a new admission reason's count, say) are only
+/// ever appended, so a host built against an older header gets the fields
+/// it knows, and one built against a newer header reads `size` to see which
+/// were written. While the major version is 0 a minor release may remove a
+/// figure (compare `kvgate_version()` with the header's macros).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct kvgate_stats {
@@ -114,16 +116,6 @@ pub struct kvgate_stats {
     /// the members' expected growth: the turns a session runs in one
     /// refill window; 1 while unknown, 0 in reference mode.
     pub working_set_horizon_turns: u64,
-    /// Retired, always 0: the share of the engine's time spent prefilling
-    /// once stretched the horizon; that rule was removed.
-    pub working_set_prefill_share: f64,
-    /// Admissions `KVGATE_REASON_ENGINE_IDLE`: always 0 (the working set
-    /// no longer has that rule).
-    pub admissions_engine_idle: u64,
-    /// Retired, always 0 (it fed the removed `engine_idle` rule).
-    pub working_set_idle_sec: f64,
-    /// Retired, always 0 (it fed the removed `engine_idle` rule).
-    pub working_set_reprefill_sec: f64,
     /// Gauge: the engine's host tier of KV, tokens, as told by
     /// `kvgate_attempt_answer_usage_tiered` or the tier probe (0: none
     /// told, and in reference mode).
@@ -142,7 +134,7 @@ pub struct kvgate_stats {
 
 impl From<&GateStats> for kvgate_stats {
     fn from(s: &GateStats) -> Self {
-        let [open, reserved, unavailable, resident, fits, empty, wait_bound, running_cold, engine_idle] =
+        let [open, reserved, unavailable, resident, fits, empty, wait_bound, running_cold] =
             s.admissions_by_reason;
         let w = &s.working_set;
         Self {
@@ -189,10 +181,6 @@ impl From<&GateStats> for kvgate_stats {
             working_set_holding: u64::from(w.holding),
             longest_wait_sec: s.longest_wait.as_secs_f64(),
             working_set_horizon_turns: u64::from(w.horizon_turns),
-            working_set_prefill_share: 0.0,
-            admissions_engine_idle: engine_idle,
-            working_set_idle_sec: 0.0,
-            working_set_reprefill_sec: 0.0,
             working_set_tier_tokens: w.tier_tokens,
             working_set_refused_answers: w.refused_answers,
             working_set_tier_cached_tokens: w.tier_cached_tokens,

@@ -4,9 +4,6 @@
 //! stays reserved (noted here) so a host compiled against an older header
 //! never misreads a newer library.
 
-use std::ffi::c_char;
-
-use super::panic::ffi_boundary;
 use crate::{AcquireError, Reason};
 
 /// The result of every fallible kvgate function.
@@ -77,7 +74,7 @@ impl kvgate_status {
     ];
 
     /// The stable lower-case name (`"ok"`, `"preempted"`, ...), NUL-terminated.
-    fn name(self) -> &'static [u8] {
+    pub(crate) fn name(self) -> &'static [u8] {
         match self {
             Self::KVGATE_OK => b"ok\0",
             Self::KVGATE_PREEMPTED => b"preempted\0",
@@ -108,8 +105,9 @@ impl From<AcquireError> for kvgate_status {
 
 /// Why `kvgate_acquire` admitted a turn: the rows of the decision table.
 ///
-/// Values are stable and never reused; new values may be added (a host
-/// should log an unknown value rather than reject it).
+/// Values are stable and never reused (8 is reserved: a rule that no
+/// longer exists answered it); new values may be added (a host should log
+/// an unknown value rather than reject it).
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum kvgate_reason {
@@ -137,16 +135,11 @@ pub enum kvgate_reason {
     /// than letting everyone run with a cold cache (tool calls long next to
     /// turns, prefill to spare), so nobody is held out.
     KVGATE_REASON_RUNNING_COLD_PAYS = 7,
-    /// Working-set admission: no turn was in flight, and the engine had
-    /// idled with sessions waiting at least as long as it had spent
-    /// re-prefilling evicted prefixes (both measured), so the queue head
-    /// went in, members between turns parked for it.
-    KVGATE_REASON_ENGINE_IDLE = 8,
 }
 
 impl kvgate_reason {
     /// Every reason, in value order.
-    pub(crate) const ALL: [kvgate_reason; 9] = [
+    pub(crate) const ALL: [kvgate_reason; 8] = [
         Self::KVGATE_REASON_OPEN,
         Self::KVGATE_REASON_RESERVED_SESSION,
         Self::KVGATE_REASON_PREFIX_PROBE_UNAVAILABLE,
@@ -155,11 +148,10 @@ impl kvgate_reason {
         Self::KVGATE_REASON_EMPTY_WORKING_SET,
         Self::KVGATE_REASON_WAIT_BOUND,
         Self::KVGATE_REASON_RUNNING_COLD_PAYS,
-        Self::KVGATE_REASON_ENGINE_IDLE,
     ];
 
     /// The seed's name (`"open"`, ...), NUL-terminated.
-    fn name(self) -> &'static [u8] {
+    pub(crate) fn name(self) -> &'static [u8] {
         match self {
             Self::KVGATE_REASON_OPEN => b"open\0",
             Self::KVGATE_REASON_RESERVED_SESSION => b"reserved_session\0",
@@ -169,7 +161,6 @@ impl kvgate_reason {
             Self::KVGATE_REASON_EMPTY_WORKING_SET => b"empty_working_set\0",
             Self::KVGATE_REASON_WAIT_BOUND => b"wait_bound\0",
             Self::KVGATE_REASON_RUNNING_COLD_PAYS => b"running_cold_pays\0",
-            Self::KVGATE_REASON_ENGINE_IDLE => b"engine_idle\0",
         }
     }
 }
@@ -186,55 +177,15 @@ impl From<Reason> for kvgate_reason {
             Reason::EmptyWorkingSet => Self::KVGATE_REASON_EMPTY_WORKING_SET,
             Reason::WaitBound => Self::KVGATE_REASON_WAIT_BOUND,
             Reason::RunningColdPays => Self::KVGATE_REASON_RUNNING_COLD_PAYS,
-            Reason::EngineIdle => Self::KVGATE_REASON_ENGINE_IDLE,
         }
     }
 }
 
-/// Unknown values get this name.
-const UNKNOWN: &[u8] = b"unknown\0";
-
-fn c_str(name: &'static [u8]) -> *const c_char {
-    debug_assert_eq!(name.last(), Some(&0));
-    name.as_ptr().cast()
-}
-
-/// The stable lower-case name of a status: `"ok"`, `"preempted"`,
-/// `"timed_out"`, `"cancelled"`, `"closed"`, `"invalid_argument"`,
-/// `"unknown_lease"`, `"not_found"`, `"panic"`, `"buffer_too_small"`,
-/// `"out_of_order"`, `"os_error"`, or `"unknown"` for a value this library
-/// does not know.
-///
-/// Takes a plain `uint32_t` so that any value, even one a newer header
-/// defines, is safe to pass. The string is static: never free it. Never
-/// returns NULL. Thread-safe.
-#[unsafe(no_mangle)]
-pub extern "C" fn kvgate_status_str(status: u32) -> *const c_char {
-    ffi_boundary("kvgate_status_str", || {
-        let known = kvgate_status::ALL.iter().find(|s| **s as u32 == status);
-        c_str(known.map_or(UNKNOWN, |s| s.name()))
-    })
-}
-
-/// The name of a reason: `"open"`, `"reserved_session"`,
-/// `"prefix_probe_unavailable"`, `"resident_prefix"`, `"fits_working_set"`,
-/// `"empty_working_set"`, `"wait_bound"`, `"running_cold_pays"`,
-/// `"engine_idle"`, or `"unknown"`.
-///
-/// Takes a plain `uint32_t` so that any value is safe to pass. The string is
-/// static: never free it. Never returns NULL. Thread-safe.
-#[unsafe(no_mangle)]
-pub extern "C" fn kvgate_reason_str(reason: u32) -> *const c_char {
-    ffi_boundary("kvgate_reason_str", || {
-        let known = kvgate_reason::ALL.iter().find(|r| **r as u32 == reason);
-        c_str(known.map_or(UNKNOWN, |r| r.name()))
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::names::{kvgate_reason_str, kvgate_status_str};
     use super::*;
-    use std::ffi::CStr;
+    use std::ffi::{c_char, CStr};
 
     fn text(ptr: *const c_char) -> &'static str {
         // SAFETY: both functions return pointers to static NUL-terminated strings.

@@ -28,13 +28,17 @@
 //! comes first, and this drain takes its tag; or the drain's does, and the
 //! wake finds `rung` clear and rings, after the drain's clear (which came
 //! before the drain's critical section). So whenever a tag waits, the bell
-//! is rung (`tests/loom_event_loop.rs`). An earlier version kept `rung` in
-//! an atomic beside the lock: the loom model found the interleaving where a
-//! drain's clear and a wake's ring crossed and a tag waited unrung.
+//! is rung (`tests/loom_event_loop.rs`). With `rung` in an atomic beside
+//! the lock instead, a drain's clear and a wake's ring can cross and leave
+//! a tag waiting unrung (the loom model finds that interleaving).
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
 
+use super::error::Failure;
+use super::handles::{self, kvgate_waker, Castable};
+use super::panic::{ffi_boundary, ffi_status};
+use super::status::kvgate_status;
 use crate::core::Notify;
 use crate::sync::{Arc, Doorbell, Mutex};
 
@@ -75,6 +79,10 @@ struct Pending {
 #[derive(Debug)]
 pub(crate) struct Waker {
     target: Target,
+}
+
+impl Castable for kvgate_waker {
+    type Rust = Waker;
 }
 
 // SAFETY: the descriptor variant holds only thread-safe state. The callback
@@ -173,4 +181,147 @@ impl Notify for TagNotifier {
     fn notify(&self) {
         self.waker.wake(self.tag);
     }
+}
+
+/// Makes a waker whose tags arrive through a descriptor the host polls
+/// (`kvgate_waker_fd`, then `kvgate_waker_drain` when it is readable). On
+/// Linux an eventfd, elsewhere a pipe; non-blocking and close-on-exec.
+///
+/// One waker serves any number of attempts, on any number of gates: one per
+/// event loop is the intended use. On `KVGATE_OK`, `*out` is the caller's
+/// to free once with `kvgate_waker_free`.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `out`, `KVGATE_OS_ERROR`
+/// when the descriptor cannot be made (the message has the OS's reason).
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_waker_new(out: *mut *mut kvgate_waker) -> kvgate_status {
+    ffi_status("kvgate_waker_new", || {
+        // SAFETY: forwarded (caller).
+        let out = unsafe { handles::out_arg(out, "out") }?;
+        let waker = Waker::with_descriptor().map_err(|err| {
+            Failure::new(
+                kvgate_status::KVGATE_OS_ERROR,
+                format!("cannot make the wake descriptor: {err}"),
+            )
+        })?;
+        out.write(handles::waker_into_raw(Arc::new(waker)));
+        Ok(())
+    })
+}
+
+/// Makes a waker that calls `wake(user_data, tag)` instead of keeping a
+/// descriptor: see `kvgate_wake_fn` for what it may do (only enqueue: it
+/// runs under gate locks, on the thread that caused the wake-up).
+/// `user_data` must stay valid, and `wake` callable with it from any
+/// thread, until every attempt begun with this waker is freed.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `wake` or `out`.
+///
+/// # Safety
+/// `out` is NULL or writable; `wake` honours `kvgate_wake_fn`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_waker_new_callback(
+    wake: kvgate_wake_fn,
+    user_data: *mut c_void,
+    out: *mut *mut kvgate_waker,
+) -> kvgate_status {
+    ffi_status("kvgate_waker_new_callback", || {
+        // SAFETY: forwarded (caller).
+        let out = unsafe { handles::out_arg(out, "out") }?;
+        let wake = wake.ok_or_else(|| Failure::invalid("wake is NULL"))?;
+        out.write(handles::waker_into_raw(Arc::new(Waker::with_callback(
+            wake, user_data,
+        ))));
+        Ok(())
+    })
+}
+
+/// Writes the waker's descriptor to `*out_fd`: poll it for readability and
+/// call `kvgate_waker_drain` when it is readable. The descriptor belongs to
+/// the waker: do not read, write or close it.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL argument or a callback
+/// waker (which has no descriptor).
+///
+/// # Safety
+/// `waker` is NULL or a live waker; `out_fd` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_waker_fd(
+    waker: *const kvgate_waker,
+    out_fd: *mut i32,
+) -> kvgate_status {
+    ffi_status("kvgate_waker_fd", || {
+        // SAFETY: forwarded (caller).
+        let (waker, out) = unsafe {
+            (
+                handles::waker_ref(waker)?,
+                handles::out_arg(out_fd, "out_fd")?,
+            )
+        };
+        let fd = waker.fd().ok_or_else(|| {
+            Failure::invalid(
+                "this waker calls a callback (kvgate_waker_new_callback): it has no descriptor",
+            )
+        })?;
+        out.write(fd);
+        Ok(())
+    })
+}
+
+/// Moves up to `capacity` tags of attempts that have something to look at
+/// into `tags`, oldest first, writes how many to `*out_count`, and makes
+/// the descriptor unreadable unless tags are left over (then it stays
+/// readable: drain again). Call `kvgate_attempt_wake` on each tag's attempt
+/// whose last step was `KVGATE_STEP_SLEEP`; a tag may come more than once,
+/// or for an attempt that has moved on or ended: ignore those.
+///
+/// `tags` may be NULL when `capacity` is 0. Thread-safe.
+///
+/// Returns `KVGATE_INVALID_ARGUMENT` for a NULL `waker` or `out_count`, a
+/// NULL `tags` with a non-zero `capacity`, or a callback waker.
+///
+/// # Safety
+/// `waker` is NULL or a live waker; `tags` is NULL or has `capacity`
+/// writable elements; `out_count` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_waker_drain(
+    waker: *const kvgate_waker,
+    tags: *mut u64,
+    capacity: usize,
+    out_count: *mut usize,
+) -> kvgate_status {
+    ffi_status("kvgate_waker_drain", || {
+        // SAFETY: forwarded (caller).
+        let (waker, tags, out) = unsafe {
+            (
+                handles::waker_ref(waker)?,
+                handles::slice_out_arg(tags, capacity, "tags", "capacity")?,
+                handles::out_arg(out_count, "out_count")?,
+            )
+        };
+        let n = waker.drain(tags).ok_or_else(|| {
+            Failure::invalid(
+                "this waker calls a callback (kvgate_waker_new_callback): it keeps no tags",
+            )
+        })?;
+        out.write(n);
+        Ok(())
+    })
+}
+
+/// Frees the host's reference to a waker. NULL is a no-op. Attempts begun
+/// with it keep it alive (and its descriptor open) until they are freed:
+/// free the waker after its attempts, and stop polling its descriptor first.
+///
+/// # Safety
+/// `waker` is NULL or a live waker, freed only once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_waker_free(waker: *mut kvgate_waker) {
+    ffi_boundary("kvgate_waker_free", || {
+        // SAFETY: NULL or the host's reference, handed back once (caller).
+        drop(unsafe { handles::waker_take(waker) });
+    })
 }

@@ -1,6 +1,6 @@
 //! Shared pieces of the loom models (`tests/loom_*.rs`): the model runner,
 //! a scripted probe on loom atomics, a manual clock, and a driver for the
-//! sans-IO core with its own loom parker.
+//! sans-IO core with its own loom sleeper.
 //!
 //! Everything a model thread touches is a loom twin (kvgate's `sync`
 //! facade, this file's atomics and locks), so loom sees every step the real
@@ -168,22 +168,22 @@ pub fn now(clock: &ManualClock) -> u64 {
     kvgate::Clock::now_ns(clock)
 }
 
-/// A one-token parker on loom's mutex and condvar, for models that drive the
-/// sans-IO core themselves (the same protocol as the gate's own parker).
+/// A one-token sleeper on loom's mutex and condvar, for models that drive the
+/// sans-IO core themselves (the same protocol as the gate's own sleeper).
 #[derive(Debug, Default)]
-pub struct TestParker {
+pub struct TestSleeper {
     token: Mutex<bool>,
     condvar: Condvar,
 }
 
-impl TestParker {
+impl TestSleeper {
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
 
     /// Sleeps until notified (loom has no timeouts: a deadline reaches a
     /// sleeper only as a notification, from [`VirtualTime`] or an event).
-    pub fn park(&self) {
+    pub fn wait(&self) {
         let mut token = self.token.lock().unwrap();
         while !*token {
             token = self.condvar.wait(token).unwrap();
@@ -191,18 +191,18 @@ impl TestParker {
         *token = false;
     }
 
-    fn unpark(&self) {
+    fn wake(&self) {
         *self.token.lock().unwrap() = true;
         self.condvar.notify_one();
     }
 }
 
 #[derive(Debug)]
-pub struct Wake(pub Arc<TestParker>);
+pub struct Wake(pub Arc<TestSleeper>);
 
 impl Notify for Wake {
     fn notify(&self) {
-        self.0.unpark();
+        self.0.wake();
     }
 }
 
@@ -215,7 +215,7 @@ impl Notify for Wake {
 #[derive(Debug)]
 pub struct VirtualTime {
     pub clock: StdArc<ManualClock>,
-    sleepers: Mutex<Vec<(u64, Arc<TestParker>)>>,
+    sleepers: Mutex<Vec<(u64, Arc<TestSleeper>)>>,
 }
 
 impl VirtualTime {
@@ -234,9 +234,9 @@ impl VirtualTime {
     pub fn advance_to(&self, t: u64) {
         self.clock.set_ns(t);
         let sleepers = self.sleepers.lock().unwrap();
-        for (until, parker) in sleepers.iter() {
+        for (until, sleeper) in sleepers.iter() {
             if *until <= t {
-                parker.unpark();
+                sleeper.wake();
             }
         }
     }
@@ -244,26 +244,26 @@ impl VirtualTime {
     /// Sleeps until notified or until the clock reaches `until`. The clock is
     /// read after registering, under the registry lock, so a move that
     /// registered sleepers missed is seen here.
-    fn sleep(&self, parker: &Arc<TestParker>, until: u64) {
+    fn sleep(&self, sleeper: &Arc<TestSleeper>, until: u64) {
         {
             let mut sleepers = self.sleepers.lock().unwrap();
             if self.now() >= until {
                 return;
             }
-            sleepers.push((until, parker.clone()));
+            sleepers.push((until, sleeper.clone()));
         }
-        parker.park();
+        sleeper.wait();
         self.sleepers
             .lock()
             .unwrap()
-            .retain(|(_, p)| !Arc::ptr_eq(p, parker));
+            .retain(|(_, p)| !Arc::ptr_eq(p, sleeper));
     }
 }
 
-/// An attempt begun on a core, with the parker its notifier wakes.
+/// An attempt begun on a core, with the sleeper its notifier wakes.
 pub struct Driven {
     pub attempt: Attempt<StdArc<Core>>,
-    pub parker: Arc<TestParker>,
+    pub sleeper: Arc<TestSleeper>,
     /// Clock reading the attempt began at: with `Admission::wait`, tells
     /// the time of the admitting decision.
     pub started: u64,
@@ -275,7 +275,7 @@ pub fn begin(
     time: &VirtualTime,
     session: &[u8],
 ) -> Result<Driven, AcquireError> {
-    let parker = TestParker::new();
+    let sleeper = TestSleeper::new();
     let now = time.now();
     let attempt = Attempt::begin(
         core.clone(),
@@ -283,17 +283,17 @@ pub fn begin(
         PROMPT.len(),
         now,
         None,
-        Box::new(Wake(parker.clone())),
+        Box::new(Wake(sleeper.clone())),
     )?;
     Ok(Driven {
         attempt,
-        parker,
+        sleeper,
         started: now,
     })
 }
 
 /// Drives a begun attempt to its end the way the blocking gate does: probes
-/// answered by `probe`, time read from `time`, sleeps on the parker until
+/// answered by `probe`, time read from `time`, sleeps on the sleeper until
 /// notified or the deadline the core asked for.
 pub fn drive(
     core: &Core,
@@ -331,7 +331,7 @@ pub fn drive_from(
                 // Every sleeper folds the core's deadline in (the blocking
                 // gate lets one do it; either way someone wakes for it).
                 let until = core.next_deadline().map_or(until_ns, |t| t.min(until_ns));
-                time.sleep(&d.parker, until);
+                time.sleep(&d.sleeper, until);
                 d.attempt.on_wake(time.now()).unwrap()
             }
             Step::Admitted(token) => return Ok(token),

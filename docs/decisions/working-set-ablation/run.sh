@@ -4,13 +4,13 @@
 #
 #   cp -r docs/decisions/working-set-ablation /tmp/ablation-tools
 #   git worktree add /tmp/ablate 12c13c0 && cd /tmp/ablate
-#   git apply /tmp/ablation-tools/switches.patch
+#   git show 8e134fc:docs/decisions/working-set-ablation/switches.patch | git apply
 #   cargo build --release -p kvgate-sim
 #   /tmp/ablation-tools/run.sh base s15 s610        # then each rule, e.g.
 #   /tmp/ablation-tools/run.sh ghosts s15 s610 vary
 #   python3 /tmp/ablation-tools/compare.py          # each run against base
 #
-# RULE names are the switches in switches.patch (KVGATE_ABLATE); "base"
+# RULE names are the switches in that patch (KVGATE_ABLATE; README.md here); "base"
 # switches nothing. VARIANT: s15 s610 vary untold outonly length norate usage blind.
 # CAPBEST_CACHE keeps each scenario and seed's best cap K between runs
 # (the best cap does not depend on the gate), so only kvgate is re-run.

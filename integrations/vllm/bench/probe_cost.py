@@ -11,11 +11,17 @@ was L - 500 tokens (only the new blocks hashed). Prints the median per probe.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import random
 import statistics
+import sys
 import time
 
-from kvgate_vllm.testing.engine import core_of, make_engine, random_prompt, run_to_completion, sampling
+# The fixtures (model maker, engine, launcher, workload) live with the tests,
+# outside the runtime package: integrations/vllm/tests/support.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+from support.engine import core_of, make_engine, random_prompt, run_to_completion, sampling
 
 
 def median_ms(fn, reps: int) -> float:

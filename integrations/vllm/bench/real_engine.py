@@ -4,7 +4,7 @@
         --policies none,cap-2,cap-3,cap-4,cap-5,cap-6,kvgate,kvgate:high_watermark=0.2,idle_grace_sec=1,wait_poll_sec=1 \
         --steps-csv /tmp/kvgate-steps.csv
 
-Workload: kvgate_vllm.testing.workload (24 sessions x 10 turns by default: a shared
+Workload: tests/support/workload.py (24 sessions x 10 turns by default: a shared
 256-token system prompt, a 256-token task, 16-48 output tokens, tool calls of
 min(3 s, 0.1 s x lognormal(0, 0.8)) returning 200-600 tokens), the `small`
 prefill-dominated model, 400 blocks of 32 tokens,
@@ -57,6 +57,7 @@ import csv
 import dataclasses
 import json
 import math
+import pathlib
 import queue
 import sys
 import threading
@@ -68,8 +69,13 @@ from typing import Any, Callable, Optional
 import kvgate
 
 from kvgate_vllm import feedback, knobs, prefill_rate, step_cost
-from kvgate_vllm.testing.engine import core_of, make_engine, sampling
-from kvgate_vllm.testing.workload import Workload
+
+# The fixtures (model maker, engine, launcher, workload) live with the tests,
+# outside the runtime package: integrations/vllm/tests/support.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+from support.engine import core_of, make_engine, sampling
+from support.workload import Workload
 
 
 @dataclasses.dataclass

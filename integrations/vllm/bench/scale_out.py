@@ -18,14 +18,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import pathlib
+import sys
 from typing import Optional
 
 import kvgate
 
-from kvgate_vllm.testing.launcher import Server, free_port, metric
-from kvgate_vllm.testing.openai_sessions import run_sessions
-from kvgate_vllm.testing.router import Router
-from kvgate_vllm.testing.workload import Workload
+# The fixtures (model maker, engine, launcher, workload) live with the tests,
+# outside the runtime package: integrations/vllm/tests/support.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+from support.launcher import Server, free_port, metric
+from support.openai_sessions import run_sessions
+from support.router import Router
+from support.workload import Workload
 
 
 def counter(text: str, name: str, **labels: str) -> float:

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import pathlib
+import sys
 
 import kvgate
 
-from kvgate_vllm.testing.launcher import Server, metric
-from kvgate_vllm.testing.openai_sessions import run_sessions
-from kvgate_vllm.testing.workload import Workload
+# The fixtures (model maker, engine, launcher, workload) live with the tests,
+# outside the runtime package: integrations/vllm/tests/support.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+from support.launcher import Server, metric
+from support.openai_sessions import run_sessions
+from support.workload import Workload
 
 
 def main() -> None:

@@ -12,15 +12,22 @@ generate -> release with the engine's figures, all in one event loop.
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import random
+import sys
 
 from vllm import AsyncEngineArgs
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from kvgate_vllm import feedback, probes
-from kvgate_vllm.testing import models
-from kvgate_vllm.testing.engine import random_prompt, sampling
 from kvgate_vllm.serve import Gates
+
+# The fixtures (model maker, engine, launcher, workload) live with the tests,
+# outside the runtime package: integrations/vllm/tests/support.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+from support import models
+from support.engine import random_prompt, sampling
 
 
 async def main() -> None:

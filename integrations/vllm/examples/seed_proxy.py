@@ -23,6 +23,7 @@ import asyncio
 import collections
 import json
 import os
+import pathlib
 import random
 import sys
 import time
@@ -33,8 +34,13 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 import kvgate
 from kvgate_vllm import probes
-from kvgate_vllm.testing import models
-from kvgate_vllm.testing.engine import random_prompt, sampling
+
+# The fixtures (model maker, engine) live with the tests, outside the
+# runtime package: integrations/vllm/tests/support.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+from support import models
+from support.engine import random_prompt, sampling
 
 PRESETS: dict[str, dict[str, str]] = {
     # Switched on, no knob: kvgate's working-set admission.

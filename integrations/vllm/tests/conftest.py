@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from kvgate_vllm.testing.engine import make_engine
+from support.engine import make_engine
 
 
 @pytest.fixture(scope="session")

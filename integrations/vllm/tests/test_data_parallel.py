@@ -11,8 +11,8 @@ from typing import Any, Iterator
 import pytest
 
 from kvgate_vllm import serve
-from kvgate_vllm.testing.engine import random_prompt
-from kvgate_vllm.testing.launcher import Server, metric
+from support.engine import random_prompt
+from support.launcher import Server, metric
 
 from test_serve import _running, complete, wait_for
 

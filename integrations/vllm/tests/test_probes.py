@@ -17,7 +17,7 @@ import prometheus_client
 import pytest
 
 from kvgate_vllm import prefill_rate
-from kvgate_vllm.testing.engine import core_of, random_prompt, run_to_completion, sampling
+from support.engine import core_of, random_prompt, run_to_completion, sampling
 
 
 

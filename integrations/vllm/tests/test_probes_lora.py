@@ -9,8 +9,8 @@ from typing import Any, Iterator
 import pytest
 from vllm.lora.request import LoRARequest
 
-from kvgate_vllm.testing.engine import core_of, make_engine, random_prompt, run_to_completion, sampling
-from kvgate_vllm.testing.models import make_lora
+from support.engine import core_of, make_engine, random_prompt, run_to_completion, sampling
+from support.models import make_lora
 
 
 # Session-scoped like conftest's `engine`: an in-process engine torn down

@@ -14,9 +14,9 @@ from typing import Any, Iterator
 import openai
 import pytest
 
-from kvgate_vllm.testing.engine import random_prompt
-from kvgate_vllm.testing.launcher import Server, metric
-from kvgate_vllm.testing.router import Router
+from support.engine import random_prompt
+from support.launcher import Server, metric
+from support.router import Router
 
 from test_serve import PATIENCE_SEC, wait_for
 
@@ -165,7 +165,7 @@ def test_a_killed_replica_moves_its_sessions_and_the_survivor_admits_them(pair: 
         retried = 0  # the client sees its turn fail
     assert admitted(survivor) == before_kill + retried
     before = admitted(survivor)
-    joins = ("fits_working_set", "empty_working_set", "running_cold_pays", "wait_bound", "engine_idle")
+    joins = ("fits_working_set", "empty_working_set", "running_cold_pays", "wait_bound")
     joined_before = sum(metric(survivor.metrics(), "kvgate_admissions_total", reason=r) for r in joins)
     served = 0
     for s in sessions:  # every session's next turn, the moved ones included, through the router

@@ -14,8 +14,8 @@ from typing import Any, Iterator
 import openai
 import pytest
 
-from kvgate_vllm.testing.engine import random_prompt
-from kvgate_vllm.testing.launcher import Server, metric
+from support.engine import random_prompt
+from support.launcher import Server, metric
 
 from test_serve import PATIENCE_SEC, _running, complete, open_stream, wait_for
 

@@ -14,7 +14,7 @@ import sys
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "seed_proxy.py"
 WORKING_SET_REASONS = {
-    "empty_working_set", "fits_working_set", "reserved_session", "wait_bound", "running_cold_pays", "engine_idle",
+    "empty_working_set", "fits_working_set", "reserved_session", "wait_bound", "running_cold_pays",
 }
 SEED_REASONS = {"open", "reserved_session", "prefix_probe_unavailable", "resident_prefix"}
 

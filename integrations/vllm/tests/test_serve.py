@@ -14,8 +14,8 @@ import kvgate
 import openai
 import pytest
 
-from kvgate_vllm.testing.engine import random_prompt
-from kvgate_vllm.testing.launcher import Server, metric
+from support.engine import random_prompt
+from support.launcher import Server, metric
 
 PATIENCE_SEC = 300.0  # how long a check may wait for the server to settle (not a timing target)
 
@@ -212,7 +212,7 @@ def test_working_set_admission_learns_the_engines_capacity(default: Server) -> N
         out = complete(default, prompt, 8, {"X-Session-ID": "agent-ws"})
         prompt = prompt + list(out.choices[0].token_ids) + random_prompt(rng, 50)
     text = default.metrics()
-    # 400 blocks of 32 tokens (kvgate_vllm.testing.launcher), from the engine's kvgate_capacity
+    # 400 blocks of 32 tokens (tests/support/launcher.py), from the engine's kvgate_capacity
     assert metric(text, "kvgate_working_set_capacity_tokens") == 400 * 32
     by_reason = {r.name.lower(): metric(text, "kvgate_admissions_total", reason=r.name.lower()) for r in kvgate.Reason}
     assert sum(by_reason.values()) == metric(text, "kvgate_admissions_all_total") == 2

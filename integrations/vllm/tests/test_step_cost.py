@@ -21,7 +21,7 @@ import pytest
 
 import kvgate
 from kvgate_vllm import feedback, probes, serve, step_cost
-from kvgate_vllm.testing.engine import core_of, random_prompt, run_to_completion, sampling
+from support.engine import core_of, random_prompt, run_to_completion, sampling
 
 PER_TOKEN = "kvgate_working_set_rebuild_seconds_per_token"
 PER_PAIR = "kvgate_working_set_rebuild_seconds_per_pair"

@@ -25,8 +25,8 @@ import kvgate
 import pytest
 
 from kvgate_vllm import feedback, knobs, offload, probes, serve
-from kvgate_vllm.testing import models
-from kvgate_vllm.testing.engine import BLOCK_SIZE, core_of, random_prompt, run_to_completion, sampling
+from support import models
+from support.engine import BLOCK_SIZE, core_of, random_prompt, run_to_completion, sampling
 
 GPU_TOKENS = 64 * 32  # the session engine's cache (conftest)
 
@@ -198,7 +198,7 @@ def test_the_cpu_build_cannot_run_native_offloading(tmp_path: pathlib.Path) -> N
         f"""
         import sys, traceback
         sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parents[1])!r})
-        from kvgate_vllm.testing.engine import make_engine
+        from support.engine import make_engine
         try:
             make_engine("tiny", num_blocks=64, max_model_len=2016,
                         kv_offloading_size=0.01, kv_offloading_backend="native")

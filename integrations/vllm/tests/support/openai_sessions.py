@@ -10,7 +10,7 @@ import time
 
 import openai
 
-from kvgate_vllm.testing.workload import Workload
+from support.workload import Workload
 
 
 async def run_sessions(url: str, model: str, w: Workload) -> float:

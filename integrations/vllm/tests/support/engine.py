@@ -8,7 +8,7 @@ import os
 import random
 from typing import Any
 
-from .. import feedback, probes
+from kvgate_vllm import feedback, probes
 from . import models
 
 BLOCK_SIZE = 32

@@ -1,6 +1,8 @@
-//! Three defects of working-set admission that
-//! tests/proptest_core_working_set.rs found, each pinned here by the case
-//! that shows it (all three failed before their fixes).
+//! Working-set admission when a session is finished while one of its turns
+//! is in flight or one of its attempts is deciding or waiting: a release
+//! from before the finish, a grant withdrawn by it, a waiter of a finished
+//! session. Each is a case the state machine in
+//! tests/proptest_core_working_set.rs found.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

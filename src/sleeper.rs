@@ -5,16 +5,16 @@ use crate::core::Notify;
 use crate::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-/// A one-token parker: `notify` leaves a token that the next (or current)
-/// `park_until` consumes, so a wake-up that arrives before the thread parks
-/// is not lost.
+/// A one-token sleeper: `notify` leaves a token that the next (or current)
+/// `wait_until` consumes, so a wake-up that arrives before the thread
+/// sleeps is not lost.
 #[derive(Debug)]
-pub(crate) struct Parker {
+pub(crate) struct Sleeper {
     token: Mutex<bool>,
     condvar: Condvar,
 }
 
-impl Parker {
+impl Sleeper {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
             token: Mutex::new(false),
@@ -25,7 +25,7 @@ impl Parker {
     /// Sleeps until notified or until `clock` reaches `until_ns`. With a clock
     /// that does not advance on its own, only a notification ends the sleep
     /// (the clock's owner wakes sleepers through `Gate::clock_advanced`).
-    pub(crate) fn park_until(&self, clock: &dyn Clock, until_ns: u64) {
+    pub(crate) fn wait_until(&self, clock: &dyn Clock, until_ns: u64) {
         let mut token = self.token.lock();
         while !*token {
             let now = clock.now_ns();
@@ -43,11 +43,11 @@ impl Parker {
     }
 }
 
-/// The core holds this to wake the parked thread.
+/// The core holds this to wake the sleeping thread.
 #[derive(Debug)]
-pub(crate) struct ParkerHandle(pub(crate) Arc<Parker>);
+pub(crate) struct SleeperHandle(pub(crate) Arc<Sleeper>);
 
-impl Notify for ParkerHandle {
+impl Notify for SleeperHandle {
     fn notify(&self) {
         let mut token = self.0.token.lock();
         *token = true;
