@@ -3,8 +3,7 @@
 
 use std::hash::Hash;
 
-use super::lifecycle::{Session, Stage, ToolGap};
-use super::roster::Links;
+use super::lifecycle::{Links, Session, Stage, ToolGap};
 use super::{Slot, WorkingSet};
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {

@@ -24,7 +24,6 @@
 
 use std::hash::Hash;
 
-use super::roster::Links;
 use super::tier::TierPlace;
 use super::{Slot, Verdict, WorkingSet};
 use crate::core::prompt::PromptSketch;
@@ -108,6 +107,14 @@ impl Member {
     pub(super) fn idle_order(&self) -> (u64, u64) {
         (self.released_at, self.joined)
     }
+}
+
+/// A member's neighbours among the members between turns (the roster's
+/// `IdleList`), by slot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Links {
+    pub(super) prev: Option<Slot>,
+    pub(super) next: Option<Slot>,
 }
 
 /// Whether the session is in a tool call.

@@ -1,8 +1,8 @@
 //! The sessions waiting to join, first come first served.
 //!
 //! One queue, whether a session is new or was a member before (parked, or
-//! out of its window): putting returning sessions first was measured and
-//! did not earn its keep (`docs/decisions/working-set-distilled.md`). A
+//! out of its window): no class of sessions goes ahead of another, so none
+//! waits behind a stream of the other (`docs/decisions/fifo-returns.md`). A
 //! retry keeps its place; a withdrawn attempt loses it.
 
 use std::collections::BTreeMap;

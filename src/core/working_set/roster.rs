@@ -12,15 +12,8 @@ use std::collections::VecDeque;
 
 use slab::Slab;
 
-use super::lifecycle::Session;
+use super::lifecycle::{Links, Session};
 use super::Slot;
-
-/// A member's neighbours in [`IdleList`], by slot.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Links {
-    pub(super) prev: Option<Slot>,
-    pub(super) next: Option<Slot>,
-}
 
 /// The members between turns, by release, as a list threaded through
 /// their records: a member leaves it from wherever it is at once, and
