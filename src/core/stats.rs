@@ -432,7 +432,7 @@ impl GateStats {
             (
                 "working_set_rebuild_seconds_per_token",
                 "gauge",
-                "What re-prefilling costs the engine per token, seconds: told by the host, else the inverse of the prefill rate (0 while unknown).",
+                "What re-prefilling costs the engine per token, seconds: the inverse of the prefill rate the engine measures, else the host's told term (0 while neither is known).",
                 w.rebuild_secs_per_token,
             ),
             (

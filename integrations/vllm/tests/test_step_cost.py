@@ -283,7 +283,10 @@ def test_the_engine_fits_its_steps_and_the_gate_is_told_the_cost(engine: Any) ->
     asyncio.run(one_turn())
     gate = gates.gate(0)
     assert gates.rebuild_seen[0] == (per_token, per_pair)
-    assert gauge(gate, PER_TOKEN) == pytest.approx(per_token, rel=1e-12)
+    # The gate prices the linear part at the prefill rate the engine measured,
+    # when it gave one (docs/c-abi.md, "The engine's rebuild cost").
+    rate = got["prefill_tokens_per_sec"]
+    assert gauge(gate, PER_TOKEN) == pytest.approx(1.0 / rate if rate > 0 else per_token, rel=1e-12)
     assert gauge(gate, PER_PAIR) == pytest.approx(per_pair, rel=1e-12)
     gate.close()
 

@@ -197,7 +197,7 @@ def test_the_cpu_build_cannot_run_native_offloading(tmp_path: pathlib.Path) -> N
     script = textwrap.dedent(
         f"""
         import sys, traceback
-        sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parents[1])!r})
+        sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parent)!r})
         from support.engine import make_engine
         try:
             make_engine("tiny", num_blocks=64, max_model_len=2016,

@@ -217,9 +217,9 @@ pub struct WorkingSetStats {
     pub shared_prefix_tokens: u64,
     /// The refill window, ns.
     pub window_ns: u64,
-    /// What re-prefilling costs the engine per token, seconds: told by the
-    /// host ([`RebuildCost`]), else the inverse of the prefill rate (0
-    /// while unknown).
+    /// What re-prefilling costs the engine per token, seconds: the inverse
+    /// of the prefill rate the engine measures, else the host's told term
+    /// ([`RebuildCost`]; 0 while neither is known).
     pub rebuild_secs_per_token: f64,
     /// What re-prefilling costs the engine per attended query-key pair,
     /// seconds: told by the host, else learned from the turns (0: a

@@ -896,3 +896,25 @@ fn a_members_reserve_follows_its_own_growth() {
     assert_eq!(ws.reserve_sum, 220);
     ws.audit().unwrap();
 }
+
+#[test]
+fn a_told_rebuild_cost_prices_attention_and_a_measured_rate_the_tokens() {
+    let mut ws: WorkingSet<&str> = WorkingSet::new(Tuning::default());
+    let cost = RebuildCost::new(2e-5, 1.5e-9).unwrap();
+    // No rate measured: the told per-token term stands.
+    ws.set_engine(EngineCapacity::new(1000, 1, 0.0).with_rebuild_cost(cost))
+        .unwrap();
+    let s = ws.stats();
+    assert_eq!(
+        (s.rebuild_secs_per_token, s.rebuild_secs_per_pair),
+        (2e-5, 1.5e-9)
+    );
+    // A measured rate prices the tokens; an answer without a cost keeps it.
+    ws.set_engine(EngineCapacity::new(1000, 1, 40_000.0))
+        .unwrap();
+    let s = ws.stats();
+    assert_eq!(
+        (s.rebuild_secs_per_token, s.rebuild_secs_per_pair),
+        (1.0 / 40_000.0, 1.5e-9)
+    );
+}
