@@ -179,7 +179,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// is unknown (the budget is not consulted then).
     fn rotation_refill_rate(&self) -> f64 {
         let windows = self.tuning.wait_bound_windows;
-        let priced = self.capacity.rebuild_secs(0, 1).is_some();
+        let priced = self.capacity.secs_per_token() > 0.0;
         if priced && windows > 0.0 && windows.is_finite() {
             1.0 / windows
         } else {

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use super::rebuild::LearnedPairCost;
+use super::rebuild::{pairs, LearnedPairCost};
 use super::tuning::{USAGE_SAMPLES, USAGE_SAMPLE_FLOOR};
 use super::{EngineCapacity, KvTier};
 
@@ -144,8 +144,7 @@ impl Capacity {
         if per_token <= 0.0 {
             return None;
         }
-        let pairs = own as f64 * prefix as f64 + own as f64 * (own as f64 + 1.0) / 2.0;
-        Some(per_token * own as f64 + self.secs_per_pair() * pairs)
+        Some(per_token * own as f64 + self.secs_per_pair() * pairs(prefix, own))
     }
 
     /// Capacity in force, tokens (infinite while unknown: everyone fits).

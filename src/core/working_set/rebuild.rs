@@ -105,7 +105,7 @@ impl RebuildCost {
 }
 
 /// Query-key pairs attended by `own` new tokens after `prefix` cached ones.
-fn pairs(prefix: u64, own: u64) -> f64 {
+pub(super) fn pairs(prefix: u64, own: u64) -> f64 {
     let (p, n) = (prefix as f64, own as f64);
     n * p + n * (n + 1.0) / 2.0
 }
@@ -167,20 +167,18 @@ impl LearnedPairCost {
     /// The least-squares slope of seconds a token over keys attended, 0
     /// unless positive and from two scales or more.
     fn slope(&self) -> f64 {
-        let points: Vec<(f64, f64)> = self
-            .envelope
-            .iter()
-            .flatten()
-            .map(|&(y, x)| (x, y))
-            .collect();
-        if points.len() < 2 {
+        // (keys attended, seconds a token) of each scale seen; a release asks
+        // this, so it allocates nothing.
+        let points = || self.envelope.iter().flatten().map(|&(y, x)| (x, y));
+        let n = points().count();
+        if n < 2 {
             return 0.0;
         }
-        let n = points.len() as f64;
-        let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
-        let my = points.iter().map(|p| p.1).sum::<f64>() / n;
-        let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
-        let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        let n = n as f64;
+        let mx = points().map(|p| p.0).sum::<f64>() / n;
+        let my = points().map(|p| p.1).sum::<f64>() / n;
+        let sxx: f64 = points().map(|p| (p.0 - mx).powi(2)).sum();
+        let sxy: f64 = points().map(|p| (p.0 - mx) * (p.1 - my)).sum();
         if sxx <= 0.0 {
             return 0.0;
         }
