@@ -9,13 +9,12 @@ import collections.abc
 import itertools
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Awaitable, Coroutine, Dict, Optional
+from typing import Any, Awaitable, Coroutine, Dict, Optional
 
 from ._attempt import Attempt, Waker
+from ._handle import GateHandle
 from ._lease import Lease
 
-if TYPE_CHECKING:
-    from ._gate import Gate
 
 log = logging.getLogger("kvgate")
 
@@ -30,7 +29,7 @@ class _LoopDriver:
     attempts that sleep (by tag), and one timer for the gate's own
     deadlines (``kvgate_tick``). Runs only on its loop's thread."""
 
-    def __init__(self, gate: "Gate", loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, gate: GateHandle, loop: asyncio.AbstractEventLoop) -> None:
         self.gate, self.loop = gate, loop
         self.waker = Waker()
         self.tags = itertools.count(1)

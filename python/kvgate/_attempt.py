@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import math
 from ctypes import byref, c_int32, c_size_t, c_uint64
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from . import _ffi
 from ._args import _token_array
 from ._config import Capacity
 from ._errors import check, error_for
 from ._ffi import AdmissionMode, Status, StepKind
+from ._handle import GateHandle
 from ._lease import Lease
 
-if TYPE_CHECKING:
-    from ._gate import Gate
 
 
 class Waker:
@@ -65,7 +64,7 @@ class Attempt:
 
     def __init__(
         self,
-        gate: "Gate",
+        gate: GateHandle,
         session: bytes,
         prompt_len: int,
         timeout_ms: int,

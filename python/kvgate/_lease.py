@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from . import _ffi
 from ._ffi import Reason
+from ._handle import GateHandle
 
-if TYPE_CHECKING:
-    from ._gate import Gate
 
 
 class Lease:
@@ -29,7 +28,7 @@ class Lease:
         "retain_session", "waited", "_released",
     )
 
-    def __init__(self, gate: "Gate", session: bytes, admission: _ffi.kvgate_admission) -> None:
+    def __init__(self, gate: GateHandle, session: bytes, admission: _ffi.kvgate_admission) -> None:
         self.gate = gate
         self.session = session
         self.handle: int = admission.lease
