@@ -116,22 +116,10 @@ impl Gate {
         Self::with_parts(config, Box::new(probe), None, Box::new(clock))
     }
 
-    /// A gate whose capacity answers come with a tier probe's (the C ABI's
-    /// `kvgate_config_set_tier_probe`), on the real monotonic clock.
-    pub(crate) fn with_tier_probe(
-        config: Config,
-        probe: impl Probe + 'static,
-        tier_probe: Option<Box<dyn TierProbe>>,
-    ) -> Result<Self, ConfigError> {
-        Self::with_parts(
-            config,
-            Box::new(probe),
-            tier_probe,
-            Box::new(MonotonicClock::new()),
-        )
-    }
-
-    fn with_parts(
+    /// A gate from its parts: the C ABI passes its tier probe here
+    /// (`kvgate_config_set_tier_probe`); a Rust host tells its tier with
+    /// the capacity answer and passes none.
+    pub(crate) fn with_parts(
         config: Config,
         probe: Box<dyn Probe>,
         tier_probe: Option<Box<dyn TierProbe>>,

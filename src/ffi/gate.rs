@@ -11,6 +11,7 @@ use super::handles::{self, kvgate_config, kvgate_gate};
 use super::panic::{ffi_boundary, ffi_status};
 use super::stats::kvgate_session_stats;
 use super::status::{kvgate_reason, kvgate_status};
+use crate::clock::MonotonicClock;
 use crate::core::{Admission, LeaseToken};
 use crate::shared::TierProbe;
 use crate::sync::Arc;
@@ -91,10 +92,11 @@ pub unsafe extern "C" fn kvgate_new(
         let config = unsafe { handles::config_ref(config, "config") }?;
         // SAFETY: as above.
         let out = unsafe { handles::out_arg(out, "out") }?;
-        let gate = Gate::with_tier_probe(
+        let gate = Gate::with_parts(
             config.config.clone(),
-            CProbes::new(config.probes),
+            Box::new(CProbes::new(config.probes)),
             CTierProbe::new(config.probes).map(|t| Box::new(t) as Box<dyn TierProbe>),
+            Box::new(MonotonicClock::new()),
         )
         .map_err(Failure::from)?;
         out.write(handles::gate_into_raw(Arc::new(GateHandle::new(gate))));
