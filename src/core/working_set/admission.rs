@@ -75,33 +75,42 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// worth against re-prefilling it, so an overflow within it would park
     /// a member whose re-prefill costs more than the room the newcomer
     /// used until then. Each session `k` turns ahead holds its own tokens
-    /// plus `k` turns of growth, weighted by the chance (from the turn
-    /// counts of the sessions that finished) that it is still running; one
-    /// that has outlived every session seen is taken as after its next
-    /// turn. Before any session has finished this adds nothing to
-    /// [`WorkingSet::fits_beside_members`].
+    /// plus `k` turns of growth, weighted by the chance that it is still
+    /// running (module `lifetimes`: from the sessions that finished and
+    /// how far those still running have got); one past what was measured
+    /// is taken as after its next turn.
     pub(super) fn fits_ahead(&self, joining: Slot, need: u64) -> bool {
-        if self.lifetimes.is_empty() {
-            return true;
-        }
+        self.members_fit_ahead(Some((joining, need)))
+    }
+
+    /// Whether the members (with a session joining them, needing some more
+    /// tokens) fit as they grow over the turns they run in one refill
+    /// window ([`WorkingSet::fits_ahead`]).
+    fn members_fit_ahead(&self, joining: Option<(Slot, u64)>) -> bool {
         let horizon = self.means.turns_in(self.window_ns());
         if horizon < 2 {
             return true;
         }
-        // Nobody has run past the longest life seen: further ahead only the
-        // sessions that outlived it remain, as they are.
-        let last = horizon.min(self.lifetimes.longest());
-        let sessions = self.members().map(|(s, m)| {
+        let survival = self
+            .lifetimes
+            .survival(self.sessions.iter().map(|(s, _)| self.turns_begun(s)));
+        // Further ahead than anyone is known to have run, only the
+        // sessions past what was measured remain, as they are.
+        let last = horizon.min(survival.reach());
+        let members = self.members().map(|(s, m)| {
             let h = &self.sessions[s].history;
-            let started = h.turns + u32::from(m.in_flight > 0);
-            (h.own(m.footprint, self.shared.tokens), h, started)
+            (
+                h.own(m.footprint, self.shared.tokens),
+                h,
+                self.turns_begun(s),
+            )
         });
-        let joining = {
-            let h = &self.sessions[joining].history;
+        let joining = joining.map(|(s, need)| {
+            let h = &self.sessions[s].history;
             (need, h, h.turns + 1)
-        };
-        let outlook: Vec<(f64, f64, u32)> = sessions
-            .chain(std::iter::once(joining))
+        });
+        let outlook: Vec<(f64, f64, u32)> = members
+            .chain(joining)
             .map(|(own, h, started)| {
                 let growth = self.means.next_turn_growth(h) as f64;
                 (own as f64, growth, started)
@@ -114,7 +123,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
             let load: f64 = outlook
                 .iter()
                 .map(
-                    |&(own, growth, started)| match self.lifetimes.continuing(started, k) {
+                    |&(own, growth, started)| match survival.continuing(started, k) {
                         Some(p) => p * (own + growth * f64::from(k)),
                         None => own + growth,
                     },
@@ -122,6 +131,18 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
                 .sum();
             base + load <= capacity
         })
+    }
+
+    /// The turns the session at `s` has begun: those it ran, and the one
+    /// in flight or waiting.
+    fn turns_begun(&self, s: Slot) -> u32 {
+        let session = &self.sessions[s];
+        let now = match &session.stage {
+            Stage::Member(m) => u32::from(m.in_flight > 0),
+            Stage::Waiting(_) => 1,
+            Stage::Away => 0,
+        };
+        session.history.turns + now
     }
 
     /// The session the admission rule is asked about: the first in the
@@ -145,14 +166,25 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// Parks members between turns while what is counted exceeds the
     /// capacity, from the first token over (never `keep`, the member whose
     /// turn is asking). The engine absorbs no overflow for free: it evicts
-    /// some member's blocks, which that member re-prefills.
+    /// some member's blocks, which that member re-prefills. After an
+    /// overflow it parks on until the rest fit a window ahead
+    /// ([`WorkingSet::fits_ahead`]).
     pub(super) fn shrink_to_fit(&mut self, now: u64, keep: Option<Slot>) {
         // Nobody is parked while running cold pays: a member could be
         // parked for the room a head was just let in beyond.
         if !self.holding {
             return;
         }
-        while self.load() as f64 > self.capacity.tokens() && self.park_lru(now, keep).is_some() {}
+        let mut parked = false;
+        while self.load() as f64 > self.capacity.tokens() && self.park_lru(now, keep).is_some() {
+            parked = true;
+        }
+        // An overflow says the members outgrew the cache; those that will
+        // not fit as they go on growing are parked now, while their
+        // histories are short, not one at each overflow to come.
+        if parked {
+            while !self.members_fit_ahead(None) && self.park_lru(now, keep).is_some() {}
+        }
     }
 
     /// Parks members between turns, least recently released first, until

@@ -5,8 +5,11 @@
 //! The working set uses it to see how the members' footprints will grow
 //! before they end (`fits_ahead` in `admission`): a member that has run 9 turns
 //! where every session seen ended after 10 will free its room soon, one that
-//! has run 2 will grow for a while yet. Only what was measured is used: a
-//! session that has outlived every session seen gets no answer.
+//! has run 2 will grow for a while yet. The sessions still running count
+//! too, as lives that reached their turn count so far (censored, in the
+//! product-limit estimate's terms): before any session finishes, the
+//! members are seen as far as the oldest has run. Only what was measured
+//! is used: past that, no answer.
 
 use std::collections::VecDeque;
 
@@ -54,6 +57,7 @@ impl Lifetimes {
         self.by_finish.len()
     }
 
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.sorted.is_empty()
     }
@@ -78,18 +82,61 @@ impl Lifetimes {
         reached > 0 && 2 * reached >= self.sorted.len() && self.lasting(turns + 1) == 0
     }
 
-    /// The chance that a session that has begun `started` turns begins
-    /// `ahead` more: among the remembered sessions that ran at least
-    /// `started` turns, the share that ran at least `started + ahead`.
-    /// `None` when none ran `started` turns: nothing measured says how it
-    /// goes on.
-    pub(crate) fn continuing(&self, started: u32, ahead: u32) -> Option<f64> {
-        let reached = self.lasting(started.max(1));
-        if reached == 0 {
-            return None;
+    /// The survival curve from the remembered lifetimes and the turn counts
+    /// of the sessions still running (`running`): a running session that
+    /// has begun `a` turns says lives reach `a`, not where they end. The
+    /// product-limit (Kaplan-Meier) estimate: from `j` turns to `j + 1`,
+    /// the share of the sessions known to have begun `j` whose next turn is
+    /// known (finished after `j` or more, or running past `j`) that began
+    /// it. Before any session finishes, lives are taken to go on as far as
+    /// the oldest running one has, and no further is known.
+    pub(crate) fn survival(&self, running: impl Iterator<Item = u32>) -> Survival {
+        let mut running: Vec<u32> = running.filter(|&t| t > 0).collect();
+        running.sort_unstable();
+        let oldest = running.last().copied().unwrap_or(0).max(self.longest());
+        // `curve[t]`: the chance that a session begins at least `t` turns.
+        let mut curve = Vec::with_capacity(oldest as usize + 1);
+        curve.push(1.0);
+        let mut alive = 1.0;
+        for j in 1..=oldest {
+            curve.push(alive);
+            let ended_here = self.lasting(j) - self.lasting(j + 1);
+            let running_past = running.len() - running.partition_point(|&t| t <= j);
+            let known_next = self.lasting(j) + running_past;
+            if known_next == 0 {
+                // Nobody is known to have begun a turn past `j`, nor to
+                // have ended at it: the curve stops here.
+                return Survival { curve };
+            }
+            alive *= 1.0 - ended_here as f64 / known_next as f64;
         }
-        let further = self.lasting(started.max(1).saturating_add(ahead));
-        Some(further as f64 / reached as f64)
+        if oldest > 0 {
+            curve.push(alive);
+        }
+        Survival { curve }
+    }
+}
+
+/// A survival curve: [`Lifetimes::survival`].
+#[derive(Debug, Clone)]
+pub(crate) struct Survival {
+    curve: Vec<f64>,
+}
+
+impl Survival {
+    /// The most turns the curve says anything about.
+    pub(crate) fn reach(&self) -> u32 {
+        (self.curve.len() as u32).saturating_sub(1)
+    }
+
+    /// The chance that a session that has begun `started` turns begins
+    /// `ahead` more; `None` past what was measured.
+    pub(crate) fn continuing(&self, started: u32, ahead: u32) -> Option<f64> {
+        let from = *self.curve.get(started.max(1) as usize)?;
+        let to = *self
+            .curve
+            .get(started.max(1).saturating_add(ahead) as usize)?;
+        (from > 0.0).then(|| to / from)
     }
 }
 
@@ -102,7 +149,7 @@ mod tests {
         let l = Lifetimes::default();
         assert!(l.is_empty());
         assert_eq!(l.longest(), 0);
-        assert_eq!(l.continuing(1, 1), None);
+        assert_eq!(l.survival(std::iter::empty()).continuing(1, 1), None);
     }
 
     #[test]
@@ -113,15 +160,40 @@ mod tests {
         }
         assert_eq!(l.longest(), 10);
         // Of the 4 that began a turn, 3 began a third and 2 a fifth.
-        assert_eq!(l.continuing(1, 2), Some(0.75));
-        assert_eq!(l.continuing(1, 4), Some(0.5));
+        assert_eq!(l.survival(std::iter::empty()).continuing(1, 2), Some(0.75));
+        assert_eq!(l.survival(std::iter::empty()).continuing(1, 4), Some(0.5));
         // Of the 2 that began 9 turns, both began a 10th, none an 11th.
-        assert_eq!(l.continuing(9, 1), Some(1.0));
-        assert_eq!(l.continuing(10, 1), Some(0.0));
+        assert_eq!(l.survival(std::iter::empty()).continuing(9, 1), Some(1.0));
+        assert_eq!(l.survival(std::iter::empty()).continuing(10, 1), Some(0.0));
         // None began 11: no answer, not a certain end.
-        assert_eq!(l.continuing(11, 1), None);
+        assert_eq!(l.survival(std::iter::empty()).continuing(11, 1), None);
         // A session that has begun no turn yet is asked as one beginning its first.
-        assert_eq!(l.continuing(0, 2), l.continuing(1, 2));
+        assert_eq!(
+            l.survival(std::iter::empty()).continuing(0, 2),
+            l.survival(std::iter::empty()).continuing(1, 2)
+        );
+    }
+
+    #[test]
+    fn running_sessions_say_how_far_lives_reach_not_where_they_end() {
+        let l = Lifetimes::default();
+        // Nobody finished; the oldest running has begun 5 turns.
+        let s = l.survival([5, 3, 0].into_iter());
+        assert_eq!(s.reach(), 5);
+        assert_eq!(s.continuing(1, 4), Some(1.0));
+        assert_eq!(s.continuing(3, 2), Some(1.0));
+        assert_eq!(s.continuing(3, 3), None, "nobody is known to begin a 6th");
+        assert_eq!(l.survival(std::iter::empty()).continuing(1, 1), None);
+        // One finished after 4 turns, one runs on at 6: of the two known
+        // to begin a 4th, one began a 5th.
+        let mut l = Lifetimes::default();
+        l.record(4);
+        let s = l.survival([6].into_iter());
+        assert_eq!(s.continuing(1, 3), Some(1.0));
+        assert_eq!(s.continuing(1, 4), Some(0.5));
+        assert_eq!(s.continuing(4, 2), Some(0.5));
+        assert_eq!(s.continuing(5, 1), Some(1.0));
+        assert_eq!(s.continuing(6, 1), None);
     }
 
     #[test]
@@ -169,12 +241,12 @@ mod tests {
         for _ in 0..REMEMBERED {
             l.record(30);
         }
-        assert_eq!(l.continuing(20, 5), Some(1.0));
+        assert_eq!(l.survival(std::iter::empty()).continuing(20, 5), Some(1.0));
         for _ in 0..REMEMBERED {
             l.record(3);
         }
         assert_eq!(l.longest(), 3);
-        assert_eq!(l.continuing(20, 5), None);
+        assert_eq!(l.survival(std::iter::empty()).continuing(20, 5), None);
         assert_eq!(l.by_finish.len(), REMEMBERED);
         assert_eq!(l.sorted.len(), REMEMBERED);
     }

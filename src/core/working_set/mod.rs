@@ -45,10 +45,13 @@
 //! always goes in; everyone else queues, first come first served. The
 //! head joins when nobody is in, or when it fits beside the members and
 //! their reserves and the members would still fit as they grow over a
-//! window's turns (each weighted by the chance, measured on the sessions
-//! that finished, that it is still running then). When prompts grow until
-//! the members no longer fit, the member between turns released longest
-//! ago is **parked**: the engine would evict its blocks first anyway. A
+//! window's turns (each weighted by the chance that it is still running
+//! then, measured on the sessions that finished and on how far those
+//! still running have got). When prompts grow until the members no longer
+//! fit, the member between turns released longest ago is **parked**: the
+//! engine would evict its blocks first anyway; and since an overflow says
+//! the members outgrew the cache, those that would not fit a window ahead
+//! are parked with it, while their histories are short. A
 //! head that has waited `B` windows (the **wait bound**) has members
 //! between turns parked for it, paid from a budget of `1/B` of the
 //! engine's time in rebuilds, each priced at `T(o)` (module

@@ -5,6 +5,7 @@ use super::window::keeps_window;
 use super::*;
 
 const S: u64 = 1_000_000_000;
+const MS: u64 = 1_000_000;
 
 /// 1000 tokens of KV in blocks of 1; refill window 1 s (1000 tokens/s).
 fn set() -> WorkingSet<&'static str> {
@@ -237,26 +238,72 @@ fn a_waiter_asking_again_is_not_compared_with_itself() {
 #[test]
 fn members_that_outgrow_the_cache_park_the_least_recently_released() {
     let mut ws = set();
+    // Turns of 600 ms next to a 1 s window: the members are seen one turn
+    // ahead, so only the overflow itself parks anyone.
     ws.request(&"a", 300, 0);
     ws.request(&"b", 300, 0);
     ws.request(&"c", 300, 0);
-    ws.release(&"a", 300, report(0, 0), 0, 10);
-    ws.release(&"b", 300, report(0, 0), 0, 20);
-    ws.release(&"c", 300, report(0, 0), 0, 30);
+    ws.release(&"a", 300, report(0, 0), 0, 600 * MS);
+    ws.release(&"b", 300, report(0, 0), 0, 610 * MS);
+    ws.release(&"c", 300, report(0, 0), 0, 620 * MS);
     // b grows to 500: 300 + 500 + 300 > 1000, so a (released first) leaves.
-    assert_eq!(ws.request(&"b", 500, 40), Verdict::Member);
+    assert_eq!(ws.request(&"b", 500, 700 * MS), Verdict::Member);
     assert_eq!(ws.stats().members, 2);
     assert_eq!(ws.stats().parked, 1);
     // a queues again behind a session that asked first (once c is gone,
     // n fits beside b and the 200 tokens b's next turn adds: 500 + 200 +
     // 300; a then waits for room).
-    assert_eq!(ws.request(&"n", 300, 50), Verdict::Wait);
-    assert_eq!(ws.request(&"a", 300, 60), Verdict::Wait);
-    ws.finish(&"c", 70);
+    assert_eq!(ws.request(&"n", 300, 710 * MS), Verdict::Wait);
+    assert_eq!(ws.request(&"a", 300, 720 * MS), Verdict::Wait);
+    ws.finish(&"c", 730 * MS);
     let mut out = Vec::new();
-    ws.admit_waiting(70, &mut out);
+    ws.admit_waiting(730 * MS, &mut out);
     assert_eq!(out, vec![("n", Verdict::Fits)]);
     assert!(ws.is_waiting(&"a"));
+}
+
+#[test]
+fn after_an_overflow_the_members_that_will_not_fit_a_window_ahead_are_parked_too() {
+    let mut ws = set();
+    // x has run 10 turns of 10 ms, 10 ms apart, at 50 tokens, and its
+    // 11th is in flight: turns 20 ms apart make a 1 s window 50 turns,
+    // and sessions are known to run at least 11.
+    let mut now = 0;
+    for _ in 0..10 {
+        ws.request(&"x", 50, now);
+        ws.release(&"x", 50, report(50, 0), now, now + 10 * MS);
+        now += 20 * MS;
+    }
+    ws.request(&"x", 50, now);
+    now += 10 * MS;
+    for k in ["a", "b", "c", "d"] {
+        ws.request(&k, 100, now);
+    }
+    now += 10 * MS;
+    for k in ["a", "b", "c", "d"] {
+        ws.release(&k, 100, report(0, 0), now - 10 * MS, now);
+    }
+    now += 10 * MS;
+    for k in ["a", "b", "c", "d"] {
+        assert_eq!(ws.request(&k, 200, now), Verdict::Member);
+    }
+    now += 10 * MS;
+    for k in ["a", "b", "c", "d"] {
+        ws.release(&k, 200, report(100, 0), now - 10 * MS, now);
+    }
+    // d's third turn brings a long tool result: 50 + 200 * 3 + 500 >
+    // 1000, so a, released longest ago, is parked. The rest would not fit
+    // their next turns (each 100 more, d more), so b and c are parked
+    // with it now, while their histories are short, rather than one at
+    // each overflow to come. d, whose turn asks, is never parked.
+    now += 10 * MS;
+    assert_eq!(ws.request(&"d", 500, now), Verdict::Member);
+    assert!(!ws.is_member(&"a"));
+    assert!(!ws.is_member(&"b"));
+    assert!(!ws.is_member(&"c"));
+    assert!(ws.is_member(&"d"));
+    assert_eq!(ws.stats().parked, 3);
+    ws.audit().unwrap();
 }
 
 /// Runs `turns` turns of `key` from `start`: prompts of 100, 200, ...
@@ -359,7 +406,10 @@ fn sessions_that_finish_teach_how_long_sessions_run() {
     assert!(ws.lifetimes.is_empty());
     ws.finish(&"x", t);
     assert_eq!(ws.lifetimes.longest(), 3);
-    assert_eq!(ws.lifetimes.continuing(2, 1), Some(1.0));
+    assert_eq!(
+        ws.lifetimes.survival(std::iter::empty()).continuing(2, 1),
+        Some(1.0)
+    );
 }
 
 #[test]
@@ -445,22 +495,23 @@ fn the_horizon_is_the_turns_a_session_runs_in_a_window() {
 
 #[test]
 fn a_newcomer_waits_for_the_room_the_members_next_turns_need() {
+    // Turns of 600 ms next to a 1 s window: one turn ahead.
     let mut ws = set();
     assert_eq!(ws.request(&"a", 300, 0), Verdict::Empty);
-    ws.release(&"a", 300, report(0, 50), 0, 10);
+    ws.release(&"a", 300, report(0, 50), 0, 600 * MS);
     // a's next turn shows its tool result: 300 + 50 + 150 = 500.
-    assert_eq!(ws.request(&"a", 500, 20), Verdict::Member);
+    assert_eq!(ws.request(&"a", 500, 700 * MS), Verdict::Member);
     // It hit all it should (350): no miss, the estimate stays 1000.
-    ws.release(&"a", 500, report(350, 50), 20, 30);
+    ws.release(&"a", 500, report(350, 50), 700 * MS, 1300 * MS);
     // a keeps 550 and its next turn adds ~200 (150 tool result, 50 output):
     // a 300-token newcomer (+50 output) would fit now (900) but not
     // after a's next turn (1100), so it waits rather than be parked or
     // park a at once.
     assert_eq!(ws.stats().members, 1);
-    assert_eq!(ws.request(&"n", 300, 40), Verdict::Wait);
+    assert_eq!(ws.request(&"n", 300, 1400 * MS), Verdict::Wait);
     // A smaller one fits beside both: 550 + 200 + 200 + 50 = 1000.
     ws.withdraw(&"n");
-    assert_eq!(ws.request(&"m", 200, 50), Verdict::Fits);
+    assert_eq!(ws.request(&"m", 200, 1500 * MS), Verdict::Fits);
     ws.audit().unwrap();
 }
 
@@ -483,6 +534,7 @@ fn a_members_next_turn_is_reserved_in_full() {
 
 #[test]
 fn equal_release_times_park_in_joining_order_whatever_the_release_order() {
+    // Turns of 600 ms next to a 1 s window: one turn ahead.
     let mut ws = set();
     for k in ["a", "b", "c", "d"] {
         ws.request(&k, 200, 0);
@@ -490,17 +542,17 @@ fn equal_release_times_park_in_joining_order_whatever_the_release_order() {
     // Released at the same instant in the reverse of their joining order,
     // and a after them though its clock said earlier (two threads).
     for k in ["d", "c", "b"] {
-        ws.release(&k, 200, report(0, 0), 0, 10);
+        ws.release(&k, 200, report(0, 0), 0, 600 * MS);
     }
-    ws.release(&"a", 200, report(0, 0), 0, 5);
+    ws.release(&"a", 200, report(0, 0), 0, 595 * MS);
     ws.audit().unwrap();
     // d grows to 600: 1200 tokens, so the least recently released
-    // other than d leaves: a (5 ns), then nobody (1000 fit).
-    assert_eq!(ws.request(&"d", 600, 20), Verdict::Member);
+    // other than d leaves: a (595 ms), then nobody (1000 fit).
+    assert_eq!(ws.request(&"d", 600, 700 * MS), Verdict::Member);
     assert!(!ws.is_member(&"a"));
     // A retry of d's turn asks for 800: 1200 again. b and c were
     // released at the same time, c first; b joined first and leaves.
-    assert_eq!(ws.request(&"d", 800, 30), Verdict::Member);
+    assert_eq!(ws.request(&"d", 800, 710 * MS), Verdict::Member);
     assert!(!ws.is_member(&"b"));
     assert!(ws.is_member(&"c"));
     assert_eq!(ws.stats().parked, 2);
