@@ -211,8 +211,8 @@ impl Gate {
             let next = match step.expect("the blocking driver answers what was asked") {
                 Step::ProbeUsage => {
                     let usage = shared.probe.kv_cache_usage(session);
-                    let capacity = shared.probe_capacity(session);
-                    attempt.on_cache_state(usage, capacity, clock.now_ns())
+                    let (capacity, says_tier) = shared.probe_capacity(session);
+                    attempt.on_engine_answers(usage, capacity, says_tier, clock.now_ns())
                 }
                 Step::ProbePrefix => {
                     let raw = shared.probe.prefix_hit_ratio(session, prompt);

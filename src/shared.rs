@@ -39,42 +39,27 @@ impl Shared {
     /// may even have freed the gate there, and the probes' `user_data`
     /// with it: after that no probe may be called again). The attempt then
     /// fails `Closed` on the answer without asking anything more.
-    pub(crate) fn probe_capacity(&self, session: &[u8]) -> Option<EngineCapacity> {
+    ///
+    /// With a tier probe, the tier comes with the capacity and the answer
+    /// speaks of tiers (the `bool`): "none" after a tier was told is
+    /// refused where the answer is recorded, and the whole answer ignored
+    /// there, so the gate keeps what it knew.
+    pub(crate) fn probe_capacity(&self, session: &[u8]) -> (Option<EngineCapacity>, bool) {
         if !self.core.wants_capacity() || self.core.is_closed() {
-            return None;
+            return (None, false);
         }
         let capacity = self.probe.kv_cache_capacity(session);
         match &self.tier_probe {
             // Not asked once the capacity probe closed (or freed) the gate.
             Some(tier_probe) if !self.core.is_closed() => {
-                self.with_tier(capacity, tier_probe.kv_tier(session))
+                let tier = tier_probe.kv_tier(session);
+                let answer = EngineCapacity {
+                    tier,
+                    ..capacity.unwrap_or_default()
+                };
+                (Some(answer), true)
             }
-            _ => capacity,
-        }
-    }
-
-    /// The capacity answer with the tier probe's: a tier probe always
-    /// speaks of tiers, so "none" after a tier was told is refused too.
-    /// Nobody can be told of a refusal here: it is counted
-    /// ([`Core::count_refused_answer`]) and the whole answer ignored, as
-    /// if the engine had not answered, so the gate keeps what it knew.
-    fn with_tier(
-        &self,
-        capacity: Option<EngineCapacity>,
-        tier: Option<KvTier>,
-    ) -> Option<EngineCapacity> {
-        let answer = EngineCapacity {
-            tier,
-            ..capacity.unwrap_or_default()
-        };
-        match self.core.check_engine_answer(&answer, true) {
-            Err(_) => {
-                self.core.count_refused_answer();
-                None
-            }
-            // No tier, and none known: the capacity answer as it was.
-            Ok(()) if tier.is_none() => capacity,
-            Ok(()) => Some(answer),
+            _ => (capacity, false),
         }
     }
 }

@@ -306,8 +306,22 @@ impl<C: Deref<Target = Core>> Attempt<C> {
         capacity: Option<EngineCapacity>,
         now: u64,
     ) -> Result<Step, StepError> {
+        self.on_engine_answers(usage, capacity, false, now)
+    }
+
+    /// As [`Attempt::on_cache_state`], from a host that always speaks of
+    /// a tier (a tier probe): a capacity answer with none after one was
+    /// told is refused where it is recorded, not before.
+    pub(crate) fn on_engine_answers(
+        &mut self,
+        usage: Option<f64>,
+        capacity: Option<EngineCapacity>,
+        says_tier: bool,
+        now: u64,
+    ) -> Result<Step, StepError> {
         self.machine.expect(Phase::AwaitUsage, "on_usage", now)?;
         self.machine.capacity = capacity;
+        self.machine.says_tier = says_tier;
         Ok(self.machine.on_usage(&self.core, usage, now))
     }
 
@@ -384,6 +398,8 @@ struct Machine {
     holding_event: bool,
     /// The engine's capacity, as answered in this pass.
     capacity: Option<EngineCapacity>,
+    /// The answer speaks of a tier even when it tells none.
+    says_tier: bool,
 }
 
 const NO_FACTS: Facts = Facts {
@@ -415,6 +431,7 @@ impl Machine {
             waited: false,
             holding_event: false,
             capacity: None,
+            says_tier: false,
         }
     }
 
@@ -584,6 +601,7 @@ impl Machine {
                 let engine = EngineAnswers {
                     usage: self.facts.usage.and_then(ProbeAnswer::value),
                     capacity: self.capacity,
+                    says_tier: self.says_tier,
                 };
                 let id = SessionId::of(&self.key);
                 let (verdict, stay, grants) =

@@ -86,6 +86,9 @@ pub(crate) struct Turn {
 pub(crate) struct EngineAnswers {
     pub(crate) usage: Option<f64>,
     pub(crate) capacity: Option<EngineCapacity>,
+    /// The capacity answer speaks of a tier even when it tells none
+    /// (`WorkingSet::check_engine`).
+    pub(crate) says_tier: bool,
 }
 
 #[derive(Debug)]
@@ -141,7 +144,7 @@ impl Ledger {
         let ((verdict, stay), grants) = self.change(now, |set| {
             if let Some(capacity) = engine.capacity {
                 // A refused answer is counted and changes nothing.
-                let _ = set.set_engine(capacity);
+                let _ = set.set_engine_answer(capacity, engine.says_tier);
             }
             if let Some(usage) = engine.usage {
                 set.observe_usage(usage);

@@ -655,7 +655,10 @@ impl Core {
     /// Whether an engine answer is consistent with the earlier ones: its
     /// tier no smaller than the GPU cache and, when the answer `says_tier`
     /// (it speaks of tiers and tells none), no tier lost. Always `Ok` in
-    /// reference mode, which reads no capacity.
+    /// reference mode, which reads no capacity. For a host that must hear
+    /// of a refusal before its attempt moves on (the C ABI's event loop);
+    /// an attempt's own answers are checked once, where the working set
+    /// records them.
     pub fn check_engine_answer(
         &self,
         engine: &working_set::EngineCapacity,

@@ -233,7 +233,8 @@ impl TierProbe for CTierProbe {
             )
         };
         // Unchecked on purpose: the gate checks the tier against what it
-        // knows, and counts a refusal (`Shared::with_tier`).
+        // knows where it records the answer, and counts a refusal
+        // (`WorkingSet::set_engine_answer`).
         (ok && tokens > 0).then_some(KvTier {
             tokens,
             reload_tokens_per_sec: rate,

@@ -322,7 +322,18 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// and so does an answer that says nothing of a tier. An answer
     /// [`WorkingSet::check_engine`] refuses changes nothing.
     pub fn set_engine(&mut self, engine: EngineCapacity) -> Result<(), TierError> {
-        if let Err(e) = self.check_engine(&engine, false) {
+        self.set_engine_answer(engine, false)
+    }
+
+    /// As [`WorkingSet::set_engine`], from a host that `says_tier`: one
+    /// that speaks of a tier even when it tells none, so that none after
+    /// one was told is refused ([`WorkingSet::check_engine`]).
+    pub fn set_engine_answer(
+        &mut self,
+        engine: EngineCapacity,
+        says_tier: bool,
+    ) -> Result<(), TierError> {
+        if let Err(e) = self.check_engine(&engine, says_tier) {
             self.refused_answers += 1;
             return Err(e);
         }

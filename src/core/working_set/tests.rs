@@ -501,7 +501,7 @@ fn a_newcomer_waits_for_the_room_the_members_next_turns_need() {
     ws.release(&"a", 300, report(0, 50), 0, 600 * MS);
     // a's next turn shows its tool result: 300 + 50 + 150 = 500.
     assert_eq!(ws.request(&"a", 500, 700 * MS), Verdict::Member);
-    // It hit all it should (350): no miss, the estimate stays 1000.
+    // It hit all it should (350).
     ws.release(&"a", 500, report(350, 50), 700 * MS, 1300 * MS);
     // a keeps 550 and its next turn adds ~200 (150 tool result, 50 output):
     // a 300-token newcomer (+50 output) would fit now (900) but not
