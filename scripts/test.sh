@@ -33,6 +33,9 @@ cargo test --workspace --all-targets
 step "cargo test --workspace --doc"
 cargo test --workspace --doc
 
+step "cargo doc --workspace --no-deps (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+
 step "cargo run --example readme"
 cargo run --example readme
 

@@ -250,7 +250,7 @@ impl Gate {
     }
 
     /// Tells the gate what the engine's prefill costs, for an engine whose
-    /// capacity answer does not carry it ([`EngineCapacity::with_rebuild_cost`]
+    /// capacity answer does not carry it ([`EngineCapacity::with_rebuild_cost`](crate::EngineCapacity::with_rebuild_cost)
     /// does the same from the probe): a host that fits the engine's step
     /// costs tells them again each time it refits. Ignored in reference
     /// mode.
