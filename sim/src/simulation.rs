@@ -786,11 +786,8 @@ impl Sim<'_> {
                     .map(|r| gate.and_then(|g| g.free_tokens(r)))
                     .collect();
                 let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
-                let told = (0..room.len()).any(|r| room[r].is_some() && !self.router.is_lost(r));
                 let r = self.router.assign_by_room(&room, prompt);
-                if told {
-                    st.unseen = Some((r, prompt));
-                }
+                st.unseen = Some((r, prompt));
                 r
             }
             Routing::Hash => {

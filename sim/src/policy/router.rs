@@ -97,7 +97,9 @@ impl Router {
         assert_eq!(room.len(), self.in_flight.len(), "one figure per replica");
         let told = |r: usize| room[r].filter(|_| !self.lost[r]);
         if (0..room.len()).all(|r| told(r).is_none()) {
-            return self.assign();
+            let r = self.assign();
+            self.unseen[r] += prompt;
+            return r;
         }
         let r = (0..room.len())
             .filter(|&r| !self.lost[r])
