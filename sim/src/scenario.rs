@@ -271,6 +271,12 @@ impl Scenario {
         if f.replicas == 0 {
             return Err("replicas must be > 0".into());
         }
+        if f.cluster != Cluster::Uniform && f.replicas < 2 {
+            return Err(format!(
+                "cluster {:?} makes one replica of several odd: replicas must be >= 2",
+                f.cluster
+            ));
+        }
         if !(f.probe_rtt_ms >= 0.0 && f.probe_rtt_ms.is_finite()) {
             return Err("probe_rtt_ms must be >= 0".into());
         }

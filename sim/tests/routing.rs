@@ -154,5 +154,10 @@ fn routing_parses_from_scenario_files_and_the_command_line() {
         Scenario::parse(&odd).unwrap().deployment.cluster,
         Cluster::ReplicaSlow
     );
+    let alone = odd.replace("replicas = 3\n", "replicas = 1\n");
+    assert!(
+        Scenario::parse(&alone).is_err(),
+        "one replica has no odd one"
+    );
     assert!(Routing::parse("round-robin").is_err());
 }
