@@ -60,7 +60,7 @@ USAGE:
     (either form also takes --profile NAME|PATH,
      --capacity-probe full|no-cost|no-rate|usage-only|no-tier,
      --host-prompt tokens|length, --host-finish told|untold,
-     --host-report cached|output-only, --routing sticky|hash|least-loaded,
+     --host-report cached|output-only, --routing sticky|hash|least-loaded|room,
      --noise SPEC and --vary LIST)
     kvgate-sim --fit-steps STEPS.csv|STEPS.json
 
@@ -114,7 +114,11 @@ OPTIONS:
     --routing R    how the router in front of the replicas places sessions: sticky (a
                    session's first turn to the replica with the fewest sessions, and it
                    stays), hash (a hash of the session id: session affinity), or
-                   least-loaded (every turn anew: sessions migrate); each replica has
+                   least-loaded (every turn anew: sessions migrate), or room (a
+                   session's first turn to the replica whose gate reports the most free
+                   working-set tokens, kvgate_working_set_free_tokens, and it stays; a
+                   replica whose gate cannot tell counts as full; policies without a
+                   working set tell none: least-loaded, as sticky); each replica has
                    its own gate [default: the scenario's, sticky]
     --noise N      run every scenario on a noisy engine: jitter=LO-HI (each step's cost
                    times a log-uniform factor in [LO, HI], drawn per step from the seed),
@@ -126,7 +130,12 @@ OPTIONS:
     --vary L       run each scenario varied instead of as written: kv-half, kv-double
                    (its KV blocks), tools-x5, tools-x0.2 (its tool calls' durations),
                    out-x4 (its output tokens), sessions-x2, comma-separated, or all;
-                   the varied scenario is named <scenario>~<variation>
+                   and, by name only, replica-kv-half, replica-slow, replica-lost
+                   (replica 0 of several with half the KV blocks, every step-cost term
+                   doubled, or lost once a third of the turns ended: its sessions start
+                   over elsewhere as new ones, the turns in flight re-sent; a
+                   scenario's `cluster` says the same; progress-ttl and prime-rl do not
+                   model a loss); the varied scenario is named <scenario>~<variation>
     --profile P    run every scenario on this engine profile's step costs instead of its
                    own: h200-llama8b, h200-llama8b-fa3, h100-llama8b, h100-llama8b-blis,
                    cpu-small (sim/profiles/), or a profile TOML file
@@ -300,6 +309,8 @@ mod tests {
         let o = parse(args("--routing least-loaded")).unwrap().unwrap();
         assert_eq!(o.routing, Some(Routing::LeastLoaded));
         assert!(parse(args("--routing round-robin")).is_err());
+        let o = parse(args("--routing room")).unwrap().unwrap();
+        assert_eq!(o.routing, Some(Routing::Room));
         let o = parse(args("--host-prompt length")).unwrap().unwrap();
         assert_eq!(o.host_prompt, Some(HostPrompt::Length));
         assert!(parse(args("--host-prompt ids")).is_err());

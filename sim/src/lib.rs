@@ -8,6 +8,7 @@
 
 pub mod bound;
 pub mod cli;
+pub mod cluster;
 pub mod engine;
 pub mod events;
 pub mod fit;

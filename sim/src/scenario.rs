@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::cluster::Cluster;
 use crate::engine::{profile, Cotenant, EngineConfig, Noise, Profile, StepCost, TierConfig};
 use crate::policy::{Policy, PolicyEntry};
 use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt, HostReport, Routing};
@@ -98,6 +99,9 @@ struct File {
     /// How the router places sessions: `sticky`, `hash` or `least-loaded`.
     #[serde(default)]
     routing: Routing,
+    /// Whether replica 0 differs: `uniform`, `replica-kv-half`, `replica-slow`.
+    #[serde(default)]
+    cluster: Cluster,
     #[serde(default)]
     engine: EngineFile,
     workload: WorkloadConfig,
@@ -267,6 +271,12 @@ impl Scenario {
         if f.replicas == 0 {
             return Err("replicas must be > 0".into());
         }
+        if f.cluster != Cluster::Uniform && f.replicas < 2 {
+            return Err(format!(
+                "cluster {:?} makes one replica of several odd: replicas must be >= 2",
+                f.cluster
+            ));
+        }
         if !(f.probe_rtt_ms >= 0.0 && f.probe_rtt_ms.is_finite()) {
             return Err("probe_rtt_ms must be >= 0".into());
         }
@@ -300,6 +310,7 @@ impl Scenario {
                 host_finish: f.host_finish,
                 host_report: f.host_report,
                 routing: f.routing,
+                cluster: f.cluster,
             },
             workload: f.workload,
             policies,

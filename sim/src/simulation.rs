@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::bound;
+use crate::cluster::Cluster;
 use crate::engine::pins::PinTicket;
 use crate::engine::{EngineConfig, EngineStats, Finished, NewRequest, Replica, ReqId};
 use crate::events::EventQueue;
@@ -49,6 +50,15 @@ pub struct Deployment {
     pub host_report: HostReport,
     /// How the router in front places sessions on replicas.
     pub routing: Routing,
+    /// Whether replica 0 differs from the others.
+    pub cluster: Cluster,
+}
+
+impl Deployment {
+    /// Replica `replica`'s engine: `engine`, unless the cluster makes it the odd one.
+    pub fn engine_of(&self, replica: usize) -> EngineConfig {
+        self.cluster.engine(&self.engine, replica)
+    }
 }
 
 /// How the router in front of the replicas places a session's turns
@@ -66,17 +76,24 @@ pub enum Routing {
     /// Every turn to the replica with the fewest sessions: no affinity, a
     /// session migrates whenever another replica has fewer.
     LeastLoaded,
+    /// At its first turn, the replica whose gate reports the most free
+    /// working-set tokens (`kvgate_working_set_free_tokens`); it stays.
+    /// A replica whose gate tells no room (no working set, capacity not
+    /// known yet) counts as full; where none tells it (every policy but
+    /// working-set kvgate), least-loaded, as `sticky`.
+    Room,
 }
 
 impl Routing {
-    /// Parses `sticky`, `hash` or `least-loaded`.
+    /// Parses `sticky`, `hash`, `least-loaded` or `room`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "sticky" => Ok(Self::Sticky),
             "hash" => Ok(Self::Hash),
             "least-loaded" => Ok(Self::LeastLoaded),
+            "room" => Ok(Self::Room),
             other => Err(format!(
-                "routing `{other}`: expected sticky, hash or least-loaded"
+                "routing `{other}`: expected sticky, hash, least-loaded or room"
             )),
         }
     }
@@ -257,6 +274,8 @@ enum Event {
     },
     /// A program scheduler's deadline (its tick, a TTL, a timeout).
     ProgramTimer,
+    /// The replica stops (`Cluster::ReplicaLost`).
+    LoseReplica(usize),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,6 +292,9 @@ struct SessionState {
     replica: Option<usize>,
     /// The replica the sticky router counted it on, released when it finishes.
     router_slot: Option<usize>,
+    /// Placed by room and not admitted yet: the replica and the first
+    /// prompt the router counts against its room meanwhile.
+    unseen: Option<(usize, u64)>,
     turn: usize,
     phase: Phase,
     issue: u32,
@@ -317,6 +339,8 @@ struct Sim<'a> {
     wave_finished: Vec<usize>,
     /// Per wave: the sessions that start once `count` of its sessions finished.
     wave_waiters: Vec<Vec<(usize, usize)>>,
+    /// The replica to lose and after how many ended turns.
+    loss: Option<(usize, usize)>,
 }
 
 /// Whether the longest request of `workload` fits one replica's KV cache
@@ -324,12 +348,13 @@ struct Sim<'a> {
 pub fn longest_request_fits(deployment: &Deployment, workload: &Workload) -> Result<(), String> {
     let max = workload.max_request_tokens();
     let engine = &deployment.engine;
-    if max.div_ceil(engine.block_size) < engine.num_gpu_blocks {
+    let blocks = deployment.cluster.min_blocks(engine, deployment.replicas);
+    if max.div_ceil(engine.block_size) < blocks {
         Ok(())
     } else {
         Err(format!(
-            "the longest request ({max} tokens) cannot fit one replica's KV cache ({} blocks of {})",
-            engine.num_gpu_blocks, engine.block_size
+            "the longest request ({max} tokens) cannot fit one replica's KV cache ({blocks} blocks of {})",
+            engine.block_size
         ))
     }
 }
@@ -348,16 +373,16 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         }
         _ => None,
     };
-    // ThunderAgent budgets GPU plus host memory where the engine offloads.
-    let capacity = deployment.engine.num_gpu_blocks * deployment.engine.block_size
-        + deployment.engine.tier_tokens();
+    // ThunderAgent budgets GPU plus host memory where the engine offloads,
+    // each engine's own (it reads `cache_config_info` per engine).
+    let capacities = (0..deployment.replicas)
+        .map(|r| {
+            let e = deployment.engine_of(r);
+            e.num_gpu_blocks * e.block_size + e.tier_tokens()
+        })
+        .collect();
     let program: Option<Box<dyn ProgramScheduler>> = match &policy.kind {
-        PolicyKind::ThunderAgent(c) => Some(Box::new(ThunderAgent::new(
-            *c,
-            capacity,
-            deployment.replicas,
-            n,
-        ))),
+        PolicyKind::ThunderAgent(c) => Some(Box::new(ThunderAgent::new(*c, capacities, n))),
         PolicyKind::PrimeRl(c) => Some(Box::new(PrimeRl::new(
             *c,
             deployment.engine.capacity_tokens(),
@@ -382,7 +407,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         prefill_rates: vec![StepRates::default(); deployment.replicas],
         replicas: (0..deployment.replicas)
             .map(|i| {
-                let mut r = Replica::new(deployment.engine, pinning);
+                let mut r = Replica::new(deployment.engine_of(i), pinning);
                 r.set_noise_key(crate::engine::noise::key(workload.seed, i));
                 r
             })
@@ -394,6 +419,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
             .map(|_| SessionState {
                 replica: None,
                 router_slot: None,
+                unseen: None,
                 turn: 0,
                 phase: Phase::NotStarted,
                 issue: 0,
@@ -420,6 +446,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         actions: Vec::new(),
         wave_finished: Vec::new(),
         wave_waiters: Vec::new(),
+        loss: deployment.cluster.loss(workload.num_turns()),
     };
     for (s, session) in workload.sessions.iter().enumerate() {
         match session.start {
@@ -476,6 +503,10 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
 impl Sim<'_> {
     fn dispatch(&mut self, event: Event) {
         match event {
+            // A lost replica's steps, probes and pins end with it.
+            Event::Kick(r) | Event::StepDone(r) if self.router.is_lost(r) => {}
+            Event::ProbeAtEngine { replica, .. } | Event::PinExpiry { replica, .. }
+                if self.router.is_lost(replica) => {}
             Event::Kick(r) => self.kick_now(r),
             Event::StepDone(r) => self.step_done(r),
             Event::TurnReady(s) => self.turn_ready(s),
@@ -498,8 +529,9 @@ impl Sim<'_> {
                 capacity,
             } => {
                 let gate = self.gate.as_mut().expect("gate policy");
-                let action = gate.on_probe(id, kind, Some(value), capacity, self.now);
-                self.carry_out(action);
+                if let Some(action) = gate.on_probe(id, kind, Some(value), capacity, self.now) {
+                    self.carry_out(action);
+                }
             }
             Event::GateTimer { id, generation } => {
                 let gate = self.gate.as_mut().expect("gate policy");
@@ -522,6 +554,7 @@ impl Sim<'_> {
                 }
             }
             Event::ProgramTimer => self.program_timer = None,
+            Event::LoseReplica(r) => self.lose_replica(r),
         }
     }
 
@@ -604,6 +637,9 @@ impl Sim<'_> {
             }
             Action::Admitted { session, token } => {
                 debug_assert_eq!(self.sessions[session].phase, Phase::AtPolicy);
+                if let Some((r, prompt)) = self.sessions[session].unseen.take() {
+                    self.router.seen(r, prompt);
+                }
                 self.sessions[session].lease = Some(token);
                 self.submit(session);
             }
@@ -616,7 +652,7 @@ impl Sim<'_> {
         // The capacity probe is answered with usage, as the engine knows it:
         // its KV tokens, block size, and the prefill rate it measured.
         let capacity = (kind == ProbeKind::Usage).then(|| {
-            let e = self.deployment.engine;
+            let e = self.deployment.engine_of(replica);
             let (tokens, block, rate) = (
                 e.capacity_tokens() as u64,
                 e.block_size as u32,
@@ -742,11 +778,22 @@ impl Sim<'_> {
     fn route(&mut self, s: usize) {
         let st = &mut self.sessions[s];
         let r = match self.deployment.routing {
-            Routing::Sticky | Routing::Hash if st.replica.is_some() => return,
+            Routing::Sticky | Routing::Hash | Routing::Room if st.replica.is_some() => return,
             Routing::Sticky => self.router.assign(),
-            Routing::Hash => self
-                .router
-                .assign_to(router::hash_replica(s, self.deployment.replicas)),
+            Routing::Room => {
+                let gate = self.gate.as_ref();
+                let room: Vec<Option<u64>> = (0..self.deployment.replicas)
+                    .map(|r| gate.and_then(|g| g.free_tokens(r)))
+                    .collect();
+                let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
+                let r = self.router.assign_by_room(&room, prompt);
+                st.unseen = Some((r, prompt));
+                r
+            }
+            Routing::Hash => {
+                let hashed = router::hash_replica(s, self.deployment.replicas);
+                self.router.assign_to(self.router.alive_from(hashed))
+            }
             Routing::LeastLoaded => {
                 // Placed anew every turn: off its old replica's count first.
                 if let Some(old) = st.router_slot.take() {
@@ -860,6 +907,12 @@ impl Sim<'_> {
             reissues: st.issue,
             engine_preemptions: f.preemptions,
         });
+        if let Some((lost, after)) = self.loss {
+            if self.turns.len() == after.max(1) {
+                // After this step's other turns, at the same instant.
+                self.events.push(self.now, Event::LoseReplica(lost));
+            }
+        }
         let lease = st.lease.take();
         if let (Some(ticket), PolicyKind::TtlPin { ttl_ns }) = (f.pinned, &self.policy.kind) {
             self.events.push(
@@ -939,6 +992,56 @@ impl Sim<'_> {
             for &(s, _) in waiters.iter().filter(|&&(_, count)| count == done) {
                 self.events.push(self.now, Event::TurnReady(s));
             }
+        }
+    }
+
+    /// Replica `lost` stops: what ran or was cached there is gone. Its
+    /// sessions are placed anew by the router at their next turn, as new
+    /// sessions (their whole history is prefilled again where they land);
+    /// a turn that was in its engine or at its gate is re-sent now.
+    fn lose_replica(&mut self, lost: usize) {
+        if self.router.is_lost(lost) {
+            return;
+        }
+        self.router.lose(lost);
+        self.queued_probes[lost].clear();
+        if let Some(program) = self.program.as_mut() {
+            if let Err(e) = program.lose_replica(lost) {
+                panic!("{}: {e}", self.policy.name);
+            }
+        }
+        let kvgate = matches!(self.policy.kind, PolicyKind::Kvgate { .. });
+        let mut resend = Vec::new();
+        for (s, st) in self.sessions.iter_mut().enumerate() {
+            if st.replica != Some(lost) || st.phase == Phase::Done {
+                continue;
+            }
+            if let Some(slot) = st.router_slot.take() {
+                self.router.release(slot);
+            }
+            if let Some((r, prompt)) = st.unseen.take() {
+                self.router.seen(r, prompt);
+            }
+            st.replica = None;
+            match st.phase {
+                Phase::InEngine(_) => resend.push(s),
+                // A turn held by a program scheduler stays with it; one at
+                // a lost gate starts over at another.
+                Phase::AtPolicy if kvgate => resend.push(s),
+                _ => {}
+            }
+        }
+        for s in resend {
+            let st = &mut self.sessions[s];
+            st.first_scheduled = None;
+            let lease = st.lease.take();
+            if let Some(gate) = self.gate.as_mut() {
+                gate.abandon(s);
+                if let Some(token) = lease {
+                    gate.release(token, TurnReport::default(), self.now);
+                }
+            }
+            self.issue_turn(s);
         }
     }
 

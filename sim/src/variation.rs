@@ -12,7 +12,13 @@
 //! (`src/core/working_set/rotation_budget.rs`): with half the cache, the fitted
 //! real-engine workload ran 1.07x the best cap, one seed 1.14x, where the
 //! scenario itself ran 0.95x.
+//!
+//! Two more change one replica of a multi-replica deployment, not the
+//! workload ([`crate::cluster`]): `replica-kv-half`, `replica-slow` and
+//! `replica-lost`.
+//! They are not in `all`: a one-replica scenario has no odd one.
 
+use crate::cluster::Cluster;
 use crate::scenario::Scenario;
 use crate::simulation::longest_request_fits;
 use crate::workload::{LogNormalSpec, TokenDist, Uniform, Workload};
@@ -34,9 +40,22 @@ pub enum Variation {
     /// (so staggered and Poisson arrivals last twice as long, and waves
     /// are twice as many).
     TwiceTheSessions,
+    /// Replica 0 with half the KV blocks (several replicas only).
+    ReplicaKvHalf,
+    /// Replica 0's steps twice as costly (several replicas only).
+    ReplicaSlow,
+    /// Replica 0 lost a third of the way through (several replicas only).
+    ReplicaLost,
 }
 
 impl Variation {
+    /// The variations of one replica, by name only (not in `all`).
+    pub const CLUSTER: [Variation; 3] = [
+        Variation::ReplicaKvHalf,
+        Variation::ReplicaSlow,
+        Variation::ReplicaLost,
+    ];
+
     /// Every variation, in the order `--vary all` runs them.
     pub const ALL: [Variation; 6] = [
         Variation::HalfCache,
@@ -56,6 +75,9 @@ impl Variation {
             Self::FastTools => "tools-x0.2",
             Self::LongOutputs => "out-x4",
             Self::TwiceTheSessions => "sessions-x2",
+            Self::ReplicaKvHalf => "replica-kv-half",
+            Self::ReplicaSlow => "replica-slow",
+            Self::ReplicaLost => "replica-lost",
         }
     }
 
@@ -70,9 +92,14 @@ impl Variation {
             .map(|name| {
                 Self::ALL
                     .into_iter()
+                    .chain(Self::CLUSTER)
                     .find(|v| v.name() == name)
                     .ok_or_else(|| {
-                        let names: Vec<_> = Self::ALL.iter().map(|v| v.name()).collect();
+                        let names: Vec<_> = Self::ALL
+                            .iter()
+                            .chain(&Self::CLUSTER)
+                            .map(|v| v.name())
+                            .collect();
                         format!("--vary: unknown `{name}` (all, {})", names.join(", "))
                     })
             })
@@ -121,6 +148,16 @@ impl Variation {
                     c.sessions *= 2;
                 }
             }
+            Self::ReplicaKvHalf | Self::ReplicaSlow | Self::ReplicaLost => {
+                if s.deployment.replicas < 2 {
+                    return Err(format!("{}: one replica, none to make the odd one", s.name));
+                }
+                s.deployment.cluster = match self {
+                    Self::ReplicaKvHalf => Cluster::ReplicaKvHalf,
+                    Self::ReplicaSlow => Cluster::ReplicaSlow,
+                    _ => Cluster::ReplicaLost,
+                };
+            }
         }
         s.deployment.engine.validate()?;
         s.workload.validate()?;
@@ -135,6 +172,9 @@ impl Variation {
             Self::FastTools => "tool calls 0.2x as long",
             Self::LongOutputs => "4x the output tokens",
             Self::TwiceTheSessions => "twice the sessions",
+            Self::ReplicaKvHalf => "replica 0 with half the KV cache",
+            Self::ReplicaSlow => "replica 0 with twice the step cost",
+            Self::ReplicaLost => "replica 0 lost after a third of the turns",
         }
     }
 }
@@ -151,6 +191,14 @@ pub fn vary(
     let mut varied = Vec::new();
     let mut skipped = Vec::new();
     'next: for v in variations {
+        if Variation::CLUSTER.contains(v) && scenario.deployment.replicas < 2 {
+            skipped.push(format!(
+                "{}~{}: one replica, none to make the odd one",
+                scenario.name,
+                v.name()
+            ));
+            continue;
+        }
         let s = v.apply(scenario)?;
         for &seed in seeds {
             let workload = Workload::generate(&s.workload, s.deployment.engine.block_size, seed);
@@ -282,6 +330,27 @@ mod tests {
         let (varied, skipped) = vary(&thrash(), &Variation::ALL, &[1]).unwrap();
         assert_eq!(varied.len(), Variation::ALL.len());
         assert!(skipped.is_empty());
+    }
+
+    #[test]
+    fn cluster_variations_change_one_replica_of_several() {
+        let base = Scenario::load("multi-replica").unwrap();
+        let half = Variation::ReplicaKvHalf.apply(&base).unwrap();
+        assert_eq!(half.name, "multi-replica~replica-kv-half");
+        assert_eq!(half.deployment.cluster, Cluster::ReplicaKvHalf);
+        assert_eq!(half.deployment.engine, base.deployment.engine);
+        assert_eq!(half.workload, base.workload);
+        let slow = Variation::ReplicaSlow.apply(&base).unwrap();
+        assert_eq!(slow.deployment.cluster, Cluster::ReplicaSlow);
+        assert_eq!(
+            Variation::parse_list("replica-slow,kv-half").unwrap(),
+            vec![Variation::ReplicaSlow, Variation::HalfCache]
+        );
+        assert!(!Variation::ALL.contains(&Variation::ReplicaSlow));
+        // One replica: skipped, with why.
+        let (varied, skipped) = vary(&thrash(), &[Variation::ReplicaKvHalf], &[1]).unwrap();
+        assert!(varied.is_empty());
+        assert!(skipped[0].contains("one replica"), "{skipped:?}");
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! The router in front of the replicas (`Routing`): `hash` keeps every turn
-//! of a session on the replica its id hashes to, `sticky` where it first
-//! landed, and `least-loaded` places every turn anew (sessions migrate),
-//! with no gate and with kvgate (one gate per replica). Runs in well under
-//! a second in debug.
+//! of a session on the replica its id hashes to, `sticky` and `room` where
+//! it first landed, and `least-loaded` places every turn anew (sessions
+//! migrate), with no gate and with kvgate (one gate per replica); a replica
+//! lost partway (`Cluster::ReplicaLost`) serves nothing after, and every
+//! session still finishes. Runs in well under a second in debug.
 
 use std::collections::BTreeSet;
 
+use kvgate_sim::cluster::Cluster;
 use kvgate_sim::compare;
 use kvgate_sim::policy::router::hash_replica;
+use kvgate_sim::policy::Policy;
 use kvgate_sim::scenario::Scenario;
 use kvgate_sim::simulation::Routing;
 
@@ -87,6 +90,50 @@ fn sticky_routing_keeps_a_session_where_it_first_landed() {
 }
 
 #[test]
+fn room_routing_keeps_a_session_where_it_first_landed() {
+    for per in replicas_per_session(Routing::Room) {
+        assert!(per.iter().all(|r| r.len() == 1), "{per:?}");
+        let used: BTreeSet<usize> = per.iter().flatten().copied().collect();
+        assert_eq!(used.len(), 3, "every replica got sessions: {per:?}");
+    }
+}
+
+#[test]
+fn a_lost_replica_serves_nothing_after_and_every_session_finishes() {
+    for routing in [Routing::Room, Routing::Sticky, Routing::Hash] {
+        let mut scenario = Scenario::parse(SCENARIO).expect("valid scenario");
+        scenario.deployment.routing = routing;
+        scenario.deployment.cluster = Cluster::ReplicaLost;
+        let mut policies = scenario.policies.clone();
+        policies.push(Policy::parse("cap-4").unwrap());
+        policies.push(Policy::parse("thunderagent").unwrap());
+        for r in compare(&scenario, scenario.seed, &policies) {
+            let name = &r.policy.name;
+            assert!(r.finished, "{routing:?} {name}: every session finished");
+            let total = r.turns.len();
+            let mut by_end: Vec<_> = r.turns.iter().collect();
+            by_end.sort_by_key(|t| t.completed_ns);
+            // Replica 0 is lost once a third of the turns ended.
+            let after = &by_end[total / 3..];
+            assert!(
+                after.iter().all(|t| t.replica != 0),
+                "{routing:?} {name}: a turn ended on the lost replica"
+            );
+            assert!(by_end[..total / 3].iter().any(|t| t.replica == 0));
+            let mut per = vec![0usize; 24];
+            for t in &r.turns {
+                per[t.session] += 1;
+            }
+            let mut expected: Vec<usize> = vec![0; 24];
+            for t in r.turns.iter().filter(|t| t.last) {
+                expected[t.session] = t.turn + 1;
+            }
+            assert_eq!(per, expected, "{routing:?} {name}: each turn once");
+        }
+    }
+}
+
+#[test]
 fn routing_parses_from_scenario_files_and_the_command_line() {
     assert_eq!(
         Scenario::parse(SCENARIO).unwrap().deployment.routing,
@@ -98,5 +145,19 @@ fn routing_parses_from_scenario_files_and_the_command_line() {
         Routing::Hash
     );
     assert_eq!(Routing::parse("least-loaded"), Ok(Routing::LeastLoaded));
+    assert_eq!(Routing::parse("room"), Ok(Routing::Room));
+    let odd = SCENARIO.replace(
+        "replicas = 3\n",
+        "replicas = 3\ncluster = \"replica-slow\"\n",
+    );
+    assert_eq!(
+        Scenario::parse(&odd).unwrap().deployment.cluster,
+        Cluster::ReplicaSlow
+    );
+    let alone = odd.replace("replicas = 3\n", "replicas = 1\n");
+    assert!(
+        Scenario::parse(&alone).is_err(),
+        "one replica has no odd one"
+    );
     assert!(Routing::parse("round-robin").is_err());
 }

@@ -177,7 +177,8 @@ impl GateDriver {
         self.handle(id, step)
     }
 
-    /// Feeds a probe answer that arrived at `now`.
+    /// Feeds a probe answer that arrived at `now`; `None` for an attempt
+    /// abandoned meanwhile ([`GateDriver::abandon`]).
     pub fn on_probe(
         &mut self,
         id: u64,
@@ -185,11 +186,8 @@ impl GateDriver {
         value: Option<f64>,
         capacity: Option<EngineCapacity>,
         now: u64,
-    ) -> Action {
-        let d = self
-            .attempts
-            .get_mut(&id)
-            .expect("a probing attempt is live");
+    ) -> Option<Action> {
+        let d = self.attempts.get_mut(&id)?;
         assert_eq!(
             d.awaiting,
             Awaiting::Probe(kind),
@@ -202,7 +200,14 @@ impl GateDriver {
                 .expect("answered in order"),
             ProbeKind::Prefix => d.attempt.on_prefix(value, now).expect("answered in order"),
         };
-        self.handle(id, step)
+        Some(self.handle(id, step))
+    }
+
+    /// Drops `session`'s attempt in progress, if any (its replica was
+    /// lost: the turn starts over at another replica's gate). The core
+    /// counts it cancelled; its probe answers and timers find nothing.
+    pub fn abandon(&mut self, session: usize) {
+        self.attempts.retain(|_, d| d.session != session);
     }
 
     /// A sleep timer fired; stale timers (the attempt woke meanwhile) do nothing.
@@ -268,6 +273,17 @@ impl GateDriver {
             total.prefix_probe_calls += s.prefix_probe_calls;
         }
         total
+    }
+
+    /// The free room `replica`'s gate reports, tokens: its working set's
+    /// capacity less its load, floored at 0 (the figure the library's
+    /// hosts export as `kvgate_working_set_free_tokens`). `None` where it
+    /// cannot tell: no working set (reference admission), or a capacity
+    /// not known yet (no engine answer so far). Working-set admission runs
+    /// one core per replica; the reference table's one core has none.
+    pub fn free_tokens(&self, replica: usize) -> Option<u64> {
+        let ws = self.cores.get(replica)?.working_set_stats()?;
+        (ws.capacity_tokens > 0).then(|| ws.capacity_tokens.saturating_sub(ws.load_tokens))
     }
 
     /// Attempts in progress.
@@ -358,7 +374,9 @@ mod tests {
         let mut g = driver();
         let (id, kind) = probe(g.begin(0, 0, 1000, None, 0));
         assert_eq!(kind, ProbeKind::Usage);
-        let Action::Admitted { session, token } = g.on_probe(id, kind, Some(0.2), None, MS) else {
+        let Action::Admitted { session, token } =
+            g.on_probe(id, kind, Some(0.2), None, MS).unwrap()
+        else {
             panic!()
         };
         assert_eq!(session, 0);
@@ -372,15 +390,16 @@ mod tests {
         let mut g = driver();
         // Session 0 holds a lease.
         let (id, k) = probe(g.begin(0, 0, 10, None, 0));
-        let Action::Admitted { token, .. } = g.on_probe(id, k, Some(0.1), None, 0) else {
+        let Action::Admitted { token, .. } = g.on_probe(id, k, Some(0.1), None, 0).unwrap() else {
             panic!()
         };
         // Session 1 is cold under pressure: sleeps.
         let (id1, k) = probe(g.begin(1, 0, 10, None, MS));
         assert_eq!(k, ProbeKind::Usage);
-        let (_, k) = probe(g.on_probe(id1, k, Some(0.95), None, 2 * MS));
+        let (_, k) = probe(g.on_probe(id1, k, Some(0.95), None, 2 * MS).unwrap());
         assert_eq!(k, ProbeKind::Prefix);
-        let Action::Timer { generation, at, .. } = g.on_probe(id1, k, Some(0.1), None, 3 * MS)
+        let Action::Timer { generation, at, .. } =
+            g.on_probe(id1, k, Some(0.1), None, 3 * MS).unwrap()
         else {
             panic!()
         };
@@ -404,8 +423,8 @@ mod tests {
     fn a_retry_preempts_the_waiting_attempt() {
         let mut g = driver();
         let (id, k) = probe(g.begin(2, 0, 10, None, 0));
-        let (_, k) = probe(g.on_probe(id, k, Some(0.9), None, MS));
-        let Action::Timer { .. } = g.on_probe(id, k, Some(0.0), None, 2 * MS) else {
+        let (_, k) = probe(g.on_probe(id, k, Some(0.9), None, MS).unwrap());
+        let Action::Timer { .. } = g.on_probe(id, k, Some(0.0), None, 2 * MS).unwrap() else {
             panic!()
         };
         let newer = g.begin(2, 0, 10, None, 10 * MS);

@@ -56,4 +56,14 @@ pub trait ProgramScheduler: std::fmt::Debug {
 
     /// Counters so far.
     fn stats(&self) -> ProgramStats;
+
+    /// Engine `replica` is gone: nothing goes there again, and its
+    /// programs come back as new ones (their next request, or the one in
+    /// flight, which the event loop re-sends). `Err` if this scheduler
+    /// does not model a lost engine.
+    fn lose_replica(&mut self, replica: usize) -> Result<(), String> {
+        Err(format!(
+            "this program scheduler does not model a lost engine (replica {replica})"
+        ))
+    }
 }

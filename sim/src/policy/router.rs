@@ -7,12 +7,19 @@
 //! counts: `hash` places a session where a hash of its id says
 //! ([`hash_replica`], [`Router::assign_to`]), as a session-affinity router
 //! (a consistent hash of `X-Session-ID`) does; `least-loaded` places every
-//! turn anew, so a session migrates whenever another replica has fewer.
+//! turn anew, so a session migrates whenever another replica has fewer;
+//! `room` places a new session on the replica whose gate reports the most
+//! free working-set tokens ([`Router::assign_by_room`]) and keeps it there.
 
 /// Sessions in flight per replica.
 #[derive(Debug, Clone)]
 pub struct Router {
     in_flight: Vec<usize>,
+    /// Replicas lost: nothing is placed on them again.
+    lost: Vec<bool>,
+    /// Per replica, the first prompts (tokens) of the sessions placed
+    /// there by room that its gate has not admitted yet.
+    unseen: Vec<u64>,
 }
 
 impl Router {
@@ -21,7 +28,30 @@ impl Router {
         assert!(replicas > 0);
         Self {
             in_flight: vec![0; replicas],
+            lost: vec![false; replicas],
+            unseen: vec![0; replicas],
         }
+    }
+
+    /// Takes `replica` out: no session is placed on it again.
+    pub fn lose(&mut self, replica: usize) {
+        self.lost[replica] = true;
+        assert!(self.lost.contains(&false), "at least one replica left");
+    }
+
+    /// Whether `replica` was lost.
+    pub fn is_lost(&self, replica: usize) -> bool {
+        self.lost[replica]
+    }
+
+    /// Where a placement decided by id goes: `replica`, or if it was lost
+    /// the next one left (a hash ring skips a dead node).
+    pub fn alive_from(&self, replica: usize) -> usize {
+        let n = self.lost.len();
+        (0..n)
+            .map(|i| (replica + i) % n)
+            .find(|&r| !self.lost[r])
+            .expect("at least one replica left")
     }
 
     /// Places a new session on the least-loaded replica.
@@ -36,8 +66,9 @@ impl Router {
             .in_flight
             .iter()
             .enumerate()
+            .filter(|&(i, _)| !self.lost[i])
             .min_by_key(|&(i, &n)| (n, i))
-            .expect("at least one replica");
+            .expect("at least one replica left");
         (n < limit).then(|| {
             self.in_flight[r] += 1;
             r
@@ -48,6 +79,44 @@ impl Router {
     pub fn assign_to(&mut self, replica: usize) -> usize {
         self.in_flight[replica] += 1;
         replica
+    }
+
+    /// Places a new session on the replica with the most room, as each
+    /// replica's gate reports it (`room[r]`: free working-set tokens, the
+    /// `kvgate_working_set_free_tokens` gauge; `None` where the gate has no
+    /// working set or does not know its capacity yet). A replica without
+    /// the figure counts as full: a router cannot tell room it is not told
+    /// of. Ties go to the replica with fewer sessions, then the lowest
+    /// index. Where no replica tells its room, least-loaded.
+    ///
+    /// A gate counts a session once it admits it; until then the router
+    /// counts the session's `prompt` tokens against that replica's room
+    /// itself ([`Router::seen`]), or every session arriving in one burst
+    /// would land on the replica that had the most room before the burst.
+    pub fn assign_by_room(&mut self, room: &[Option<u64>], prompt: u64) -> usize {
+        assert_eq!(room.len(), self.in_flight.len(), "one figure per replica");
+        let told = |r: usize| room[r].filter(|_| !self.lost[r]);
+        if (0..room.len()).all(|r| told(r).is_none()) {
+            let r = self.assign();
+            self.unseen[r] += prompt;
+            return r;
+        }
+        let r = (0..room.len())
+            .filter(|&r| !self.lost[r])
+            .min_by_key(|&r| {
+                let free = told(r).map_or(0, |f| f.saturating_sub(self.unseen[r]));
+                (std::cmp::Reverse(free), self.in_flight[r], r)
+            })
+            .expect("at least one replica left");
+        self.unseen[r] += prompt;
+        self.assign_to(r)
+    }
+
+    /// The gate of `replica` admitted a session placed there by room with
+    /// a first prompt of `prompt` tokens (or it was lost): its own figure
+    /// counts it from now.
+    pub fn seen(&mut self, replica: usize, prompt: u64) {
+        self.unseen[replica] = self.unseen[replica].saturating_sub(prompt);
     }
 
     /// A session on `replica` finished.
@@ -103,6 +172,61 @@ mod tests {
         r.release(1);
         assert_eq!(r.assign(), 1);
         assert_eq!((r.load(0), r.load(1), r.load(2)), (2, 1, 1));
+    }
+
+    #[test]
+    fn room_places_a_new_session_where_the_gate_has_most_room() {
+        let mut r = Router::new(3);
+        assert_eq!(r.assign_by_room(&[Some(100), Some(500), Some(200)], 0), 1);
+        // Ties: fewer sessions first (replica 1 now has one), then lowest index.
+        assert_eq!(r.assign_by_room(&[Some(500), Some(500), Some(500)], 0), 0);
+        assert_eq!(r.assign_by_room(&[Some(0), Some(0), Some(0)], 0), 2);
+        assert_eq!((r.load(0), r.load(1), r.load(2)), (1, 1, 1));
+    }
+
+    #[test]
+    fn sessions_not_yet_admitted_count_against_the_room() {
+        let mut r = Router::new(2);
+        let room = [Some(1000), Some(700)];
+        // Replica 0 looks roomier until the gate has counted the first 400.
+        assert_eq!(r.assign_by_room(&room, 400), 0);
+        assert_eq!(r.assign_by_room(&room, 400), 1);
+        assert_eq!(r.assign_by_room(&room, 400), 0);
+        // Its gate admitted both: the gate's own figure (now 200) counts them.
+        r.seen(0, 800);
+        assert_eq!(r.assign_by_room(&[Some(200), Some(700)], 100), 1);
+    }
+
+    #[test]
+    fn a_lost_replica_gets_nothing() {
+        let mut r = Router::new(3);
+        r.lose(1);
+        assert!(r.is_lost(1));
+        assert_eq!((r.assign(), r.assign(), r.assign()), (0, 2, 0));
+        assert_eq!(r.assign_by_room(&[Some(1), Some(900), Some(0)], 0), 0);
+        assert_eq!(r.assign_by_room(&[None, Some(900), None], 0), 2);
+        assert_eq!((r.alive_from(1), r.alive_from(2)), (2, 2));
+        assert_eq!(r.assign_below(2), None);
+    }
+
+    #[test]
+    fn a_replica_that_tells_no_room_counts_as_full() {
+        let mut r = Router::new(3);
+        // Replica 0 has fewer sessions, but tells nothing: any room wins.
+        r.assign_to(1);
+        r.assign_to(2);
+        assert_eq!(r.assign_by_room(&[None, Some(1), Some(0)], 0), 1);
+        // Against a full replica it ties at no room: fewer sessions win.
+        assert_eq!(r.assign_by_room(&[None, Some(0), Some(0)], 0), 0);
+    }
+
+    #[test]
+    fn no_replica_telling_its_room_falls_back_to_least_loaded() {
+        let mut r = Router::new(3);
+        r.assign_to(0);
+        assert_eq!(r.assign_by_room(&[None, None, None], 0), 1);
+        assert_eq!(r.assign_by_room(&[None, None, None], 0), 2);
+        assert_eq!(r.assign_by_room(&[None, None, None], 0), 0);
     }
 
     #[test]

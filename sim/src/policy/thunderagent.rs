@@ -70,11 +70,11 @@ struct Program {
     marked: bool,
 }
 
-/// The ThunderAgent scheduler over `replicas` engines of `capacity` tokens each.
+/// The ThunderAgent scheduler over engines of `capacities[r]` tokens each.
 #[derive(Debug)]
 pub struct ThunderAgent {
     cfg: ThunderAgentConfig,
-    capacity: usize,
+    capacities: Vec<usize>,
     replicas: usize,
     programs: Vec<Program>,
     /// The global paused pool, in pause order.
@@ -86,11 +86,12 @@ pub struct ThunderAgent {
 
 impl ThunderAgent {
     /// A scheduler for `sessions` programs.
-    pub fn new(cfg: ThunderAgentConfig, capacity: usize, replicas: usize, sessions: usize) -> Self {
+    pub fn new(cfg: ThunderAgentConfig, capacities: Vec<usize>, sessions: usize) -> Self {
+        assert!(!capacities.is_empty(), "at least one engine");
         Self {
             cfg,
-            capacity,
-            replicas,
+            replicas: capacities.len(),
+            capacities,
             programs: vec![
                 Program {
                     place: Place::Fresh,
@@ -121,7 +122,7 @@ impl ThunderAgent {
                 used += self.booked(p);
             }
         }
-        self.capacity as i64 - used
+        self.capacities[r] as i64 - used
     }
 
     fn active_tokens(&self, r: usize) -> i64 {
@@ -155,6 +156,7 @@ impl ThunderAgent {
 
     fn least_loaded(&self) -> usize {
         (0..self.replicas)
+            .filter(|&r| self.capacities[r] > 0)
             .min_by_key(|&r| (self.active_tokens(r), r))
             .expect("at least one replica")
     }
@@ -332,6 +334,27 @@ impl ProgramScheduler for ThunderAgent {
     fn stats(&self) -> ProgramStats {
         self.stats
     }
+
+    /// The engine leaves the ledger (no room: nothing is placed there) and
+    /// its active programs start over as new ones: their next request is
+    /// placed, or pooled, as a first one is. Paused programs stay in the
+    /// pool and resume wherever there is room.
+    fn lose_replica(&mut self, replica: usize) -> Result<(), String> {
+        self.capacities[replica] = 0;
+        for p in &mut self.programs {
+            if p.place == Place::Active(replica) {
+                *p = Program {
+                    place: Place::Fresh,
+                    reasoning: false,
+                    held_until: None,
+                    tokens: 0,
+                    steps: 0,
+                    marked: false,
+                };
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -346,7 +369,7 @@ mod tests {
 
     #[test]
     fn new_programs_go_while_they_fit_then_wait_for_the_tick() {
-        let mut t = ThunderAgent::new(ThunderAgentConfig::default(), 1000, 1, 3);
+        let mut t = ThunderAgent::new(ThunderAgentConfig::default(), vec![1000], 3);
         assert_eq!(t.arrive(0, 400, 0, 0, &engines()), Some(0));
         assert_eq!(t.arrive(1, 450, 0, 0, &engines()), None, "500 + 550 > 1000");
         // Once one waits, even a small new program queues behind it.
@@ -362,7 +385,7 @@ mod tests {
 
     #[test]
     fn over_capacity_pauses_acting_smallest_first_and_marks_reasoning() {
-        let mut t = ThunderAgent::new(ThunderAgentConfig::default(), 1000, 1, 3);
+        let mut t = ThunderAgent::new(ThunderAgentConfig::default(), vec![1000], 3);
         for s in 0..3 {
             assert!(t.arrive(s, 100, 0, 0, &engines()).is_some());
         }
@@ -383,7 +406,7 @@ mod tests {
 
     #[test]
     fn a_held_request_is_forced_after_1800_s() {
-        let mut t = ThunderAgent::new(ThunderAgentConfig::default(), 1000, 1, 2);
+        let mut t = ThunderAgent::new(ThunderAgentConfig::default(), vec![1000], 2);
         assert!(t.arrive(0, 850, 0, 0, &engines()).is_some());
         assert_eq!(t.arrive(1, 850, 0, 0, &engines()), None);
         let mut out = Vec::new();
