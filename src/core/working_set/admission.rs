@@ -2,7 +2,10 @@
 //! make room. Everything else in the working set keeps the figures these
 //! functions read.
 
+use std::cell::OnceCell;
+
 use super::lifecycle::{Session, Stage};
+use super::lifetimes::Survival;
 use super::{Slot, Verdict, WorkingSet};
 
 impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
@@ -80,20 +83,25 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// how far those still running have got); one past what was measured
     /// is taken as after its next turn.
     pub(super) fn fits_ahead(&self, joining: Slot, need: u64) -> bool {
-        self.members_fit_ahead(Some((joining, need)))
+        self.members_fit_ahead(&OnceCell::new(), Some((joining, need)))
     }
 
     /// Whether the members (with a session joining them, needing some more
     /// tokens) fit as they grow over the turns they run in one refill
-    /// window ([`WorkingSet::fits_ahead`]).
-    fn members_fit_ahead(&self, joining: Option<(Slot, u64)>) -> bool {
+    /// window ([`WorkingSet::fits_ahead`]). `survival` is the curve of
+    /// [`WorkingSet::survival`], made here the first time it is needed:
+    /// parking members leaves it as it is, so a caller that parks between
+    /// two questions passes the same cell.
+    fn members_fit_ahead(
+        &self,
+        survival: &OnceCell<Survival>,
+        joining: Option<(Slot, u64)>,
+    ) -> bool {
         let horizon = self.means.turns_in(self.window_ns());
         if horizon < 2 {
             return true;
         }
-        let survival = self
-            .lifetimes
-            .survival(self.sessions.iter().map(|(s, _)| self.turns_begun(s)));
+        let survival = survival.get_or_init(|| self.survival());
         // Further ahead than anyone is known to have run, only the
         // sessions past what was measured remain, as they are.
         let last = horizon.min(survival.reach());
@@ -131,6 +139,13 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
                 .sum();
             base + load <= capacity
         })
+    }
+
+    /// How long sessions run, from those that finished and how far those
+    /// still here have got (module `lifetimes`).
+    fn survival(&self) -> Survival {
+        self.lifetimes
+            .survival(self.sessions.iter().map(|(s, _)| self.turns_begun(s)))
     }
 
     /// The turns the session at `s` has begun: those it ran, and the one
@@ -183,7 +198,8 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         // not fit as they go on growing are parked now, while their
         // histories are short, not one at each overflow to come.
         if parked {
-            while !self.members_fit_ahead(None) && self.park_lru(now, keep).is_some() {}
+            let survival = OnceCell::new();
+            while !self.members_fit_ahead(&survival, None) && self.park_lru(now, keep).is_some() {}
         }
     }
 
