@@ -70,6 +70,19 @@ struct Program {
     marked: bool,
 }
 
+impl Program {
+    /// A program not yet placed: how every one starts, and how one on a
+    /// lost engine starts again.
+    const FRESH: Self = Self {
+        place: Place::Fresh,
+        reasoning: false,
+        held_until: None,
+        tokens: 0,
+        steps: 0,
+        marked: false,
+    };
+}
+
 /// The ThunderAgent scheduler over engines of `capacities[r]` tokens each.
 #[derive(Debug)]
 pub struct ThunderAgent {
@@ -92,17 +105,7 @@ impl ThunderAgent {
             cfg,
             replicas: capacities.len(),
             capacities,
-            programs: vec![
-                Program {
-                    place: Place::Fresh,
-                    reasoning: false,
-                    held_until: None,
-                    tokens: 0,
-                    steps: 0,
-                    marked: false,
-                };
-                sessions
-            ],
+            programs: vec![Program::FRESH; sessions],
             pool: Vec::new(),
             next_tick: cfg.interval_ns,
             released: Vec::new(),
@@ -343,14 +346,7 @@ impl ProgramScheduler for ThunderAgent {
         self.capacities[replica] = 0;
         for p in &mut self.programs {
             if p.place == Place::Active(replica) {
-                *p = Program {
-                    place: Place::Fresh,
-                    reasoning: false,
-                    held_until: None,
-                    tokens: 0,
-                    steps: 0,
-                    marked: false,
-                };
+                *p = Program::FRESH;
             }
         }
         Ok(())
