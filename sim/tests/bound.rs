@@ -27,6 +27,8 @@ use kvgate_sim::compare;
 use kvgate_sim::scenario::{Scenario, BUILT_IN};
 use kvgate_sim::workload::Workload;
 
+mod support;
+
 fn scenario(sessions: usize, system: usize, tool_s: f64, arrival: &str) -> Scenario {
     let text = format!(
         r#"
@@ -144,17 +146,7 @@ fn staggered_and_wave_starts_by_hand() {
 fn no_policy_beats_the_bound() {
     // Every kind of policy on a small thrashing workload (the golden test's
     // shape), and no gate on every built-in scenario.
-    let small = Scenario::parse(
-        &BUILT_IN[0]
-            .1
-            .replace("sessions = 32\n", "sessions = 8\n")
-            .replace("num_gpu_blocks = 29205", "num_gpu_blocks = 4096")
-            .replace(
-                "turns = { min = 32, max = 40 }",
-                "turns = { min = 8, max = 12 }",
-            ),
-    )
-    .unwrap();
+    let small = support::small_thrash();
     let specs = [
         "none",
         "kvgate",

@@ -7,20 +7,8 @@ use kvgate_sim::engine::Noise;
 use kvgate_sim::policy::Policy;
 use kvgate_sim::scenario::{Scenario, BUILT_IN};
 
-/// The golden tests' small thrashing workload.
-fn small() -> Scenario {
-    Scenario::parse(
-        &BUILT_IN[0]
-            .1
-            .replace("sessions = 32\n", "sessions = 8\n")
-            .replace("num_gpu_blocks = 29205", "num_gpu_blocks = 4096")
-            .replace(
-                "turns = { min = 32, max = 40 }",
-                "turns = { min = 8, max = 12 }",
-            ),
-    )
-    .unwrap()
-}
+mod support;
+use support::small_thrash as small;
 
 #[test]
 fn noise_is_fixed_per_seed_and_slows_the_engine() {
