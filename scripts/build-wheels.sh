@@ -33,18 +33,8 @@ export PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 step() { printf '\n--> %s\n' "$*"; }
 fail() { printf 'build-wheels: %s\n' "$*" >&2; exit 1; }
 
-if ! "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 9))' >/dev/null 2>&1; then
-    step "python venv at $venv ($("$python" --version))"
-    rm -rf "$venv"
-    mkdir -p "$(dirname "$venv")"
-    "$python" -m venv "$venv"
-fi
-stamp="$venv/.kvgate-requirements"
-if ! cmp -s "$requirements" "$stamp"; then
-    step "pip install -r python/requirements-wheels.txt (pinned)"
-    "$venv/bin/pip" install --quiet -r "$requirements"
-    cp "$requirements" "$stamp"
-fi
+. scripts/pinned-venv.sh
+pinned_venv "$venv" "$requirements"
 
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
 for f in python/pyproject.toml integrations/vllm/pyproject.toml; do

@@ -23,21 +23,8 @@ export PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 step() { printf '\n--> %s\n' "$*"; }
 
-if ! "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 9))' >/dev/null 2>&1; then
-    step "python venv at $venv ($("$python" --version))"
-    rm -rf "$venv"
-    mkdir -p "$(dirname "$venv")"
-    "$python" -m venv "$venv"
-fi
-
-# The pins are installed once per content of requirements-dev.txt (a stamp
-# in the venv), so a rerun does not ask the index anything.
-stamp="$venv/.kvgate-requirements"
-if ! cmp -s "$requirements" "$stamp"; then
-    step "pip install -r python/requirements-dev.txt (pinned)"
-    "$venv/bin/pip" install --quiet -r "$requirements"
-    cp "$requirements" "$stamp"
-fi
+. scripts/pinned-venv.sh
+pinned_venv "$venv" "$requirements"
 
 step "pip install ./python (hatchling build hook: cargo build --release --lib)"
 "$venv/bin/pip" install --quiet --no-index --no-build-isolation --no-deps --force-reinstall "$root/python"
