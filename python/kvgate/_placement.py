@@ -1,0 +1,265 @@
+"""Which replica a session's turns go to, when a host (a proxy holding one
+client per replica) places sessions itself: a new session goes where a gate
+says there is room for it now, later turns stay where the first one ran, and
+a replica that refuses a turn (HTTP 429, Retry-After) has it placed again.
+
+The rule reads each replica's gate figures (`ReplicaRoom`: the working-set
+gauges a gated replica exports, or `ReplicaRoom.of(gate.stats())` for a gate
+in the same process). Nothing here does I/O: `Placement.turn` takes the
+figures from an async source and sends the turn with a callable the host
+gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Collection, Dict, Mapping, Optional, Sequence, Set, Tuple, TypeVar, Union
+
+from ._figures import Stats
+
+log = logging.getLogger("kvgate.placement")
+
+Session = Union[str, bytes]
+T = TypeVar("T")
+
+#: Figures per replica; None where the replica's figure is missing, stale or
+#: malformed (such a replica counts as full for new sessions).
+Rooms = Mapping[str, Optional["ReplicaRoom"]]
+#: Reads every replica's figures. ``fresh=True`` after a refusal: a figure
+#: that let the session be placed where it was refused is out of date.
+RoomSource = Callable[[bool], Awaitable[Rooms]]
+
+
+@dataclass(frozen=True)
+class ReplicaRoom:
+    """What one replica's gate tells about new sessions (the working-set
+    gauges of a gated `vllm serve`: ``kvgate_working_set_*``).
+
+    ``capacity_tokens`` is 0 while the gate has not learned its engine's
+    capacity (before its first engine answer); ``tokens`` is what its members
+    hold; ``sessions`` its members; ``waiting_sessions`` the sessions queued to
+    join (a newcomer there waits behind them)."""
+
+    capacity_tokens: int
+    tokens: int
+    sessions: int
+    waiting_sessions: int
+
+    def __post_init__(self) -> None:
+        for name in ("capacity_tokens", "tokens", "sessions", "waiting_sessions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"ReplicaRoom.{name} must be a non-negative int, not {value!r}")
+
+    @classmethod
+    def of(cls, stats: Stats) -> "ReplicaRoom":
+        """The figures of a gate in this process (`Gate.stats()`)."""
+        return cls(
+            capacity_tokens=stats.working_set_capacity_tokens,
+            tokens=stats.working_set_tokens,
+            sessions=stats.working_set_sessions,
+            waiting_sessions=stats.working_set_waiting_sessions,
+        )
+
+    @property
+    def free_tokens(self) -> int:
+        """Capacity less load, floored at 0 (0 while the capacity is unknown)."""
+        return max(0, self.capacity_tokens - self.tokens)
+
+    @property
+    def untouched(self) -> bool:
+        """No capacity learned, nobody in or waiting: a gate that has not
+        admitted anything yet (or a replica that has not made its gate)."""
+        return self.capacity_tokens == 0 and self.sessions == 0 and self.waiting_sessions == 0
+
+
+#: The figure of a replica that answers but has made no gate yet.
+UNTOUCHED = ReplicaRoom(capacity_tokens=0, tokens=0, sessions=0, waiting_sessions=0)
+
+
+class Refused(Exception):
+    """Raised by a host's ``send`` when the replica refused the turn (HTTP
+    429 of a gated replica in refusal mode, `KVGATE_VLLM_REFUSE_NEW=1`):
+    the turn did not run and nothing is held there. ``retry_after_sec`` is
+    the replica's Retry-After."""
+
+    def __init__(self, retry_after_sec: float = 1.0) -> None:
+        if not retry_after_sec > 0:  # NaN, 0 and negatives alike
+            retry_after_sec = 1.0
+        self.retry_after_sec = float(retry_after_sec)
+        super().__init__(f"refused; retry after {self.retry_after_sec:g} s")
+
+
+@dataclass(frozen=True)
+class PlacementChoice:
+    """Where a turn goes: ``replica``, and whether that replica's figure
+    says it takes the session now (``False``: every candidate looked full,
+    this one least so)."""
+
+    replica: str
+    takes_now: bool
+
+
+class Placement:
+    """Session -> replica, for a host that places sessions itself.
+
+    A session's first turn goes to a replica whose gate takes it now (its
+    free room, less the first prompts placed there that its gate has not
+    admitted yet, holds the prompt, and nobody waits to join there; or the
+    gate has not admitted anything yet), the one with the most such room;
+    ties to the replica with fewer sessions placed, then the first listed.
+    Later turns go to the same replica. A replica whose figure is missing,
+    stale or malformed counts as full. One instance per host; not
+    thread-safe (one event loop)."""
+
+    def __init__(self, replicas: Sequence[str], rooms: Optional[RoomSource] = None) -> None:
+        names = list(replicas)
+        if not names:
+            raise ValueError("Placement needs at least one replica")
+        if len(set(names)) != len(names):
+            raise ValueError(f"replicas must be distinct: {names!r}")
+        self._replicas = names
+        self._rooms = rooms
+        self._pins: Dict[bytes, str] = {}
+        self._placed: Dict[str, int] = {r: 0 for r in names}
+        # First prompts placed on a replica whose gate has not admitted them
+        # yet: its figure does not count them, so a burst would otherwise all
+        # land on the replica that looked roomiest before it.
+        self._unseen: Dict[bytes, Tuple[str, int]] = {}
+        self._unseen_tokens: Dict[str, int] = {r: 0 for r in names}
+
+    @property
+    def replicas(self) -> Sequence[str]:
+        return tuple(self._replicas)
+
+    def replica_of(self, session: Session) -> Optional[str]:
+        """The replica the session's turns go to, or None for a session not
+        placed (new, finished, or refused where it was)."""
+        return self._pins.get(_key(session))
+
+    def sessions_on(self, replica: str) -> int:
+        """Sessions placed on ``replica`` and not finished or moved."""
+        return self._placed[replica]
+
+    def choose(self, session: Session, prompt_tokens: int, rooms: Rooms, avoid: Collection[str] = ()) -> Optional[PlacementChoice]:
+        """Where the session's next turn goes: its replica if it has one not
+        in ``avoid``, else a new place by the figures in ``rooms`` (the
+        session is placed there). None when every replica is in ``avoid``."""
+        if prompt_tokens < 0:
+            raise ValueError(f"prompt_tokens must be >= 0, not {prompt_tokens}")
+        key = _key(session)
+        home = self._pins.get(key)
+        if home is not None and home not in avoid:
+            return PlacementChoice(home, takes_now=True)
+        ranked = sorted(
+            (r for r in self._replicas if r not in avoid),
+            key=lambda r: self._rank(r, prompt_tokens, rooms.get(r)),
+        )
+        if not ranked:
+            return None
+        best = ranked[0]
+        takes_now = self._rank(best, prompt_tokens, rooms.get(best))[0] == 0
+        self._unpin(key)
+        self._pin(key, best)
+        self._unseen[key] = (best, prompt_tokens)
+        self._unseen_tokens[best] += prompt_tokens
+        return PlacementChoice(best, takes_now)
+
+    def _rank(self, replica: str, prompt_tokens: int, room: Optional[ReplicaRoom]) -> Tuple[int, float, int, int]:
+        if room is None:  # missing, stale or malformed: full
+            free: float = -1.0
+            takes = False
+        elif room.untouched and self._placed[replica] == 0:
+            free, takes = float("inf"), True
+        elif room.capacity_tokens == 0:  # a gate with sessions but no capacity yet: unknown, so full
+            free, takes = -1.0, False
+        else:
+            free = room.free_tokens - self._unseen_tokens[replica]
+            takes = free >= prompt_tokens and room.waiting_sessions == 0
+        return (0 if takes else 1, -free, self._placed[replica], self._replicas.index(replica))
+
+    def admitted(self, session: Session) -> None:
+        """The session's turn ran where it was placed: that gate's figure
+        counts it from now."""
+        self._forget_unseen(_key(session))
+
+    def refused(self, session: Session, replica: str) -> None:
+        """``replica`` refused the session's turn: the session is no longer
+        placed there (its next choice places it again)."""
+        key = _key(session)
+        if self._pins.get(key) == replica:
+            self._unpin(key)
+
+    def finish(self, session: Session) -> None:
+        """The session ended: its place is freed (a later turn of the same id
+        is placed as new)."""
+        self._unpin(_key(session))
+
+    def _pin(self, key: bytes, replica: str) -> None:
+        self._pins[key] = replica
+        self._placed[replica] += 1
+
+    def _unpin(self, key: bytes) -> None:
+        old = self._pins.pop(key, None)
+        if old is not None:
+            self._placed[old] -= 1
+        self._forget_unseen(key)
+
+    def _forget_unseen(self, key: bytes) -> None:
+        unseen = self._unseen.pop(key, None)
+        if unseen is not None:
+            self._unseen_tokens[unseen[0]] -= unseen[1]
+
+    async def turn(self, session: Session, prompt_tokens: int, send: Callable[[str], Awaitable[T]]) -> T:
+        """Runs one turn: ``send(replica)`` where the session is placed; if
+        that replica refuses (``send`` raises `Refused`), the session is
+        placed again on a replica whose fresh figures take it now. If none
+        does, the turn waits the shortest Retry-After heard and starts over
+        (at its own replica if it had one), so a refused turn is never
+        dropped; cancel the task to give up. Any other exception from
+        ``send`` propagates (the session stays placed)."""
+        if self._rooms is None:
+            raise RuntimeError("Placement.turn needs a room source: Placement(replicas, rooms=...)")
+        key = _key(session)
+        home = self._pins.get(key)
+        refused_at: Set[str] = set()
+        retry_after: Optional[float] = None
+        while True:
+            if home is not None and home not in refused_at:
+                replica = home
+            else:
+                rooms = await self._rooms(bool(refused_at))
+                choice = self.choose(session, prompt_tokens, rooms, avoid=refused_at)
+                if choice is None or (refused_at and not choice.takes_now):
+                    # Nowhere has room now: wait for the replicas' own estimate
+                    # of when room frees, then try again from the start.
+                    if choice is not None:
+                        self._unpin(key)
+                    if home is not None and self._pins.get(key) is None:
+                        self._pin(key, home)
+                    log.info("kvgate placement: no replica takes session %r now; retrying in %.1f s", session, retry_after or 1.0)
+                    await asyncio.sleep(retry_after or 1.0)
+                    refused_at.clear()
+                    retry_after = None
+                    continue
+                replica = choice.replica
+            try:
+                out = await send(replica)
+            except Refused as e:
+                log.info("kvgate placement: %s refused session %r (retry after %g s)", replica, session, e.retry_after_sec)
+                self.refused(session, replica)
+                refused_at.add(replica)
+                retry_after = e.retry_after_sec if retry_after is None else min(retry_after, e.retry_after_sec)
+                continue
+            self.admitted(session)
+            return out
+
+
+def _key(session: Session) -> bytes:
+    if isinstance(session, str):
+        return session.encode()
+    if isinstance(session, bytes):
+        return session
+    raise TypeError(f"a session id is str or bytes, not {type(session).__name__}")
