@@ -2,8 +2,10 @@
 into its own venv) in front of `vllm serve` replicas, for the scale-out tests
 and benchmark. Loopback only.
 
-The policy is `consistent_hash`, whose first key is the `X-Session-ID` header:
-every turn of a session goes to one replica while that replica is healthy.
+The policy is `consistent_hash` unless told otherwise, whose first key is the
+`X-Session-ID` header: every turn of a session goes to one replica while that
+replica is healthy. `sticky_least_loaded` sends a new session to the replica
+with the fewest sessions the router has placed and keeps it there.
 Retries and the circuit breaker are off, so a replica's answer (a 429 of the
 refusal mode included) reaches the client as it is, and a replica is taken
 out only by its failed health checks.
@@ -39,12 +41,13 @@ class Router:
         log_path: Optional[str] = None,
         health_check_interval_sec: int = 1,
         extra_args: Sequence[str] = (),
+        policy: str = "consistent_hash",
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
             str(router_binary()), "--host", "127.0.0.1", "--port", str(self.port),
-            "--worker-urls", *workers, "--policy", "consistent_hash",
+            "--worker-urls", *workers, "--policy", policy,
             "--disable-retries", "--disable-circuit-breaker",
             "--health-check-interval-secs", str(health_check_interval_sec),
             "--health-failure-threshold", "1", "--prometheus-port", str(free_port()),

@@ -4,6 +4,10 @@ A shared 256-token system prompt, a 256-token task per session; each turn
 generates 16-48 tokens (uniform, ignore_eos, greedy), then a tool call of
 min(3 s, 0.1 s x lognormal(0, 0.8)) returns 200-600 random tokens. The next
 turn's prompt = the previous prompt + its output + the tool result.
+
+A skewed start (`long_sessions`, `arrival_sec`; both off by default): the
+first `long_sessions` sessions carry a task of `long_task_tokens`, and session
+s starts `s x arrival_sec` seconds after the first.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ class Workload:
     tool_sigma: float = 0.8
     tool_max_sec: float = 3.0
     seed: int = 0
+    long_sessions: int = 0
+    long_task_tokens: int = 2048
+    arrival_sec: float = 0.0
 
     def system_prompt(self) -> list[int]:
         rng = random.Random(f"{self.seed}/system")
@@ -40,7 +47,9 @@ class SessionScript:
         self.w = w
         self.index = index
         self.rng = random.Random(f"{w.seed}/session/{index}")
-        self.first_prompt = w.system_prompt() + [self.rng.randrange(3, 4000) for _ in range(w.task_tokens)]
+        task = w.long_task_tokens if index < w.long_sessions else w.task_tokens
+        self.first_prompt = w.system_prompt() + [self.rng.randrange(3, 4000) for _ in range(task)]
+        self.start_sec = index * w.arrival_sec
 
     def output_tokens(self) -> int:
         return self.rng.randint(*self.w.output_range)
