@@ -105,14 +105,19 @@ class PlacementChoice:
 class Placement:
     """Session -> replica, for a host that places sessions itself.
 
-    A session's first turn goes to a replica whose gate takes it now (its
-    free room, less the first prompts placed there that its gate has not
-    admitted yet, holds the prompt, and nobody waits to join there; or the
-    gate has not admitted anything yet), the one with the most such room;
-    ties to the replica with fewer sessions placed, then the first listed.
-    Later turns go to the same replica. A replica whose figure is missing,
-    stale or malformed counts as full. One instance per host; not
-    thread-safe (one event loop)."""
+    A replica takes a session now when its gate's free room, less the first
+    prompts placed there that the gate has not admitted yet, holds the
+    prompt and nobody waits to join there, or when nothing is there yet. A
+    session's first turn goes to the replica with the fewest sessions placed
+    among those that take it now (all of them if none does); ties to the
+    first listed. Later turns go to the same replica. A turn a replica
+    refuses moves to the replica that takes it now with the most room (see
+    `turn`). A replica whose figure is missing, stale or malformed counts as
+    full. The fewest sessions, not the most room, for new sessions: room
+    now says little of what a young session will hold, and in the simulator
+    placing by it lost to a session count where sessions arrive over time
+    (docs/scale-out.md). One instance per host; not thread-safe (one event
+    loop)."""
 
     def __init__(self, replicas: Sequence[str], rooms: Optional[RoomSource] = None) -> None:
         names = list(replicas)
@@ -146,39 +151,47 @@ class Placement:
     def choose(self, session: Session, prompt_tokens: int, rooms: Rooms, avoid: Collection[str] = ()) -> Optional[PlacementChoice]:
         """Where the session's next turn goes: its replica if it has one not
         in ``avoid``, else a new place by the figures in ``rooms`` (the
-        session is placed there). None when every replica is in ``avoid``."""
+        session is placed there). A session refused where it was (``avoid``
+        not empty) goes where the most room is; a new one where the fewest
+        sessions are. None when every replica is in ``avoid``."""
         if prompt_tokens < 0:
             raise ValueError(f"prompt_tokens must be >= 0, not {prompt_tokens}")
         key = _key(session)
         home = self._pins.get(key)
         if home is not None and home not in avoid:
             return PlacementChoice(home, takes_now=True)
-        ranked = sorted(
-            (r for r in self._replicas if r not in avoid),
-            key=lambda r: self._rank(r, prompt_tokens, rooms.get(r)),
-        )
-        if not ranked:
+        candidates = [r for r in self._replicas if r not in avoid]
+        if not candidates:
             return None
-        best = ranked[0]
-        takes_now = self._rank(best, prompt_tokens, rooms.get(best))[0] == 0
+        free = {r: self._free(r, rooms.get(r)) for r in candidates}
+        takers = [r for r in candidates if self._takes(free[r], prompt_tokens, rooms.get(r))]
+        pool = takers or candidates
+        if avoid:  # a refused turn moves: the most room, then the fewest sessions
+            best = min(pool, key=lambda r: (-free[r], self._placed[r], self._replicas.index(r)))
+        else:  # a new session: the fewest sessions
+            best = min(pool, key=lambda r: (self._placed[r], self._replicas.index(r)))
         self._unpin(key)
         self._pin(key, best)
         self._unseen[key] = (best, prompt_tokens)
         self._unseen_tokens[best] += prompt_tokens
-        return PlacementChoice(best, takes_now)
+        return PlacementChoice(best, takes_now=bool(takers))
 
-    def _rank(self, replica: str, prompt_tokens: int, room: Optional[ReplicaRoom]) -> Tuple[int, float, int, int]:
-        if room is None:  # missing, stale or malformed: full
-            free: float = -1.0
-            takes = False
-        elif room.untouched and self._placed[replica] == 0:
-            free, takes = float("inf"), True
-        elif room.capacity_tokens == 0:  # a gate with sessions but no capacity yet: unknown, so full
-            free, takes = -1.0, False
-        else:
-            free = room.free_tokens - self._unseen_tokens[replica]
-            takes = free >= prompt_tokens and room.waiting_sessions == 0
-        return (0 if takes else 1, -free, self._placed[replica], self._replicas.index(replica))
+    def _free(self, replica: str, room: Optional[ReplicaRoom]) -> float:
+        """The room a replica's figure tells, less the first prompts placed
+        there and not admitted yet: -1 where it cannot tell (no figure, or a
+        gate with sessions and no capacity yet), infinite where nothing is
+        there yet (no gate made, nothing placed)."""
+        if room is None:
+            return -1.0
+        if room.untouched and self._placed[replica] == 0:
+            return float("inf")
+        if room.capacity_tokens == 0:
+            return -1.0
+        return float(room.free_tokens - self._unseen_tokens[replica])
+
+    @staticmethod
+    def _takes(free: float, prompt_tokens: int, room: Optional[ReplicaRoom]) -> bool:
+        return room is not None and free >= prompt_tokens and room.waiting_sessions == 0
 
     def admitted(self, session: Session) -> None:
         """The session's turn ran where it was placed: that gate's figure

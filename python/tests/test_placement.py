@@ -21,24 +21,42 @@ def room(free: int, capacity: int = 10_000, sessions: int = 1, waiting: int = 0)
     return ReplicaRoom(capacity_tokens=capacity, tokens=capacity - free, sessions=sessions, waiting_sessions=waiting)
 
 
-def test_a_new_session_goes_where_a_gate_has_the_most_room_and_later_turns_stay() -> None:
+def test_a_new_session_goes_to_the_fewest_sessions_among_replicas_with_room_and_later_turns_stay() -> None:
     p = Placement(R)
-    rooms = {"a": room(1_000), "b": room(6_000), "c": room(3_000)}
-    first = p.choose("s", 500, rooms)
+    rooms = {"a": room(400), "b": room(6_000), "c": room(3_000)}
+    # a has no room for 500 tokens; b and c have, with no session placed yet: the first listed.
+    first = p.choose("s0", 500, rooms)
     assert first is not None and first.replica == "b" and first.takes_now
+    # Then the fewer sessions, not the more room.
+    assert [p.choose(f"s{i}", 500, rooms).replica for i in (1, 2, 3)] == ["c", "b", "c"]  # type: ignore[union-attr]
     # Later turns stay, whatever the figures say now.
-    again = p.choose("s", 9_000, {"a": room(10_000), "b": room(0), "c": None})
+    again = p.choose("s0", 9_000, {"a": room(10_000), "b": room(0), "c": None})
     assert again is not None and again.replica == "b"
-    assert p.replica_of("s") == p.replica_of(b"s") == "b" and p.sessions_on("b") == 1
+    assert p.replica_of("s0") == p.replica_of(b"s0") == "b" and p.sessions_on("b") == 2 and p.sessions_on("a") == 0
 
 
-def test_first_prompts_not_yet_admitted_count_against_the_room_so_a_burst_spreads() -> None:
+def test_first_prompts_not_yet_admitted_count_against_the_room() -> None:
     p = Placement(R)
     rooms = {"a": room(4_000), "b": room(5_000), "c": room(1_000)}
-    # b looks roomiest, but once 2,000 tokens are sent there unadmitted, a is.
-    assert [p.choose(f"s{i}", 2_000, rooms).replica for i in range(3)] == ["b", "a", "b"]  # type: ignore[union-attr]
-    p.admitted("s0")  # b's gate now counts s0 itself; its figure (unchanged here) no longer needs the help
+    assert [p.choose(f"s{i}", 2_000, rooms).replica for i in range(3)] == ["a", "b", "a"]  # type: ignore[union-attr]
+    # a's figure (unchanged here) still says 4,000 free, but 4,000 were sent there unadmitted: no room.
     assert p.choose("s3", 2_000, rooms).replica == "b"  # type: ignore[union-attr]
+    # a's gate counts s0 itself now: 2,000 of the room its figure tells are free again
+    # (b's 5,000 less s1 and s3 leave 1,000).
+    p.admitted("s0")
+    assert p.choose("s4", 2_000, rooms).replica == "a"  # type: ignore[union-attr]
+
+
+def test_a_refused_turn_moves_to_the_most_room_whatever_the_session_counts() -> None:
+    p = Placement(R)
+    for i in range(3):
+        p.choose(f"c{i}", 10, {"a": room(0), "b": room(0), "c": room(9_000)})  # three sessions on c
+    assert p.sessions_on("c") == 3
+    p.choose("s", 10, {"a": room(5_000), "b": room(9_000), "c": room(9_000)})
+    assert p.replica_of("s") == "a"
+    p.refused("s", "a")
+    moved = p.choose("s", 3_000, {"a": room(5_000), "b": room(4_000), "c": room(9_000)}, avoid={"a"})
+    assert moved is not None and moved.replica == "c" and moved.takes_now
 
 
 def test_a_replica_without_a_figure_counts_as_full_and_one_that_made_no_gate_yet_as_empty() -> None:
@@ -59,7 +77,7 @@ def test_waiters_or_too_little_room_mean_a_replica_does_not_take_a_newcomer_now(
     assert c is not None and c.replica == "c" and c.takes_now
     none_fits = p.choose("t", 5_000, {"a": room(9_000, waiting=1), "b": room(900), "c": room(1_200)})
     assert none_fits is not None and not none_fits.takes_now
-    assert none_fits.replica == "a"  # nobody takes it now: the most room
+    assert none_fits.replica == "a"  # nobody takes it now: the fewest sessions of all (c has one)
 
 
 def test_refused_or_finished_sessions_are_placed_again_as_new() -> None:

@@ -17,12 +17,15 @@ from support.openai_sessions import client_turn
 
 
 class PlacingProxy:
-    def __init__(self, urls: Sequence[str], model: str, max_age_sec: float = 1.0, timeout_sec: float = 3600.0) -> None:
+    def __init__(
+        self, urls: Sequence[str], model: str, max_age_sec: float = 1.0, timeout_sec: float = 3600.0, metrics_timeout_sec: float = 2.0
+    ) -> None:
+        """`max_age_sec`, `metrics_timeout_sec`: MetricsRooms'; `timeout_sec`: each turn's."""
         self.clients = {
             url: openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=timeout_sec) for url in urls
         }
         self._turns = {url: client_turn(client, model) for url, client in self.clients.items()}
-        self.rooms = MetricsRooms(list(urls), max_age_sec=max_age_sec)
+        self.rooms = MetricsRooms(list(urls), max_age_sec=max_age_sec, timeout_sec=metrics_timeout_sec)
         self.placement = kvgate.Placement(list(urls), rooms=self.rooms)
 
     async def send(self, url: str, session: str, prompt: list, n: int, final: bool = False) -> Any:
