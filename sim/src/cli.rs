@@ -123,7 +123,8 @@ OPTIONS:
                    roomiest; a later turn its gate would make wait, as a host in refusal
                    mode answers 429, moves to the replica whose gate tells the most room
                    for its whole prompt, prefilled anew there), or sticky-replace (a
-                   session's first turn as sticky, later turns as room-replace); each
+                   session's first turn to the fewest sessions among the replicas whose
+                   gate tells room for it, later turns as room-replace); each
                    replica has its own gate [default: the scenario's, sticky]
     --noise N      run every scenario on a noisy engine: jitter=LO-HI (each step's cost
                    times a log-uniform factor in [LO, HI], drawn per step from the seed),

@@ -91,8 +91,10 @@ pub enum Routing {
     /// join there, as a new session there (its history prefilled again);
     /// where none has the room it waits where it is.
     RoomReplace,
-    /// At its first turn, as `sticky`; later turns as `room-replace`: a
-    /// turn its gate would make wait moves where a gate tells room for it.
+    /// At its first turn, the fewest sessions among the replicas whose gate
+    /// tells room for it (or that hold nothing yet), all of them where none
+    /// does; later turns as `room-replace`: a turn its gate would make wait
+    /// moves where a gate tells room for it.
     StickyReplace,
 }
 
@@ -857,7 +859,21 @@ impl Sim<'_> {
             {
                 return
             }
-            Routing::Sticky | Routing::StickyReplace => self.router.assign(),
+            Routing::Sticky => self.router.assign(),
+            Routing::StickyReplace => {
+                let gate = self.gate.as_ref();
+                let room: Vec<Option<u64>> = (0..self.deployment.replicas)
+                    .map(|r| {
+                        let nobody_joining = gate.and_then(|g| g.joining(r)) == Some(0);
+                        gate.and_then(|g| g.free_tokens(r))
+                            .filter(|_| nobody_joining)
+                    })
+                    .collect();
+                let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
+                let r = self.router.assign_by_count_where_room(&room, prompt);
+                st.unseen = Some((r, prompt));
+                r
+            }
             Routing::Room | Routing::RoomReplace => {
                 let gate = self.gate.as_ref();
                 let room: Vec<Option<u64>> = (0..self.deployment.replicas)

@@ -14,8 +14,10 @@
 //! gate cannot tell its room yet counting as the roomiest
 //! ([`Router::assign_by_room_or_empty`]), and moves a session whose gate
 //! refuses a later turn to the replica whose gate tells the most room for
-//! its whole prompt ([`Router::replace`]); `sticky-replace` places as
-//! `sticky` and moves as `room-replace`.
+//! its whole prompt ([`Router::replace`]); `sticky-replace` places a new
+//! session on the fewest sessions among the replicas whose gate tells room
+//! for it ([`Router::assign_by_count_where_room`]) and moves as
+//! `room-replace` (the rule of the Python package's `kvgate.Placement`).
 
 /// Sessions in flight per replica.
 #[derive(Debug, Clone)]
@@ -134,6 +136,29 @@ impl Router {
             })
             .collect();
         self.assign_by_room(&room, prompt)
+    }
+
+    /// Places a new session on the replica with the fewest sessions among
+    /// those that take it now (`sticky-replace`): whose gate tells room
+    /// (`room[r]`, `None` where it cannot tell or a session waits to join)
+    /// for `prompt` tokens beyond the first prompts placed there and not
+    /// admitted yet, or that tell nothing and hold no session. Where none
+    /// does, the fewest sessions of all, as `sticky`. Ties: the lowest index.
+    pub fn assign_by_count_where_room(&mut self, room: &[Option<u64>], prompt: u64) -> usize {
+        assert_eq!(room.len(), self.in_flight.len(), "one figure per replica");
+        let takes = |r: usize| match room[r] {
+            Some(free) => free.saturating_sub(self.unseen[r]) >= prompt,
+            None => self.in_flight[r] == 0,
+        };
+        let r = (0..room.len())
+            .filter(|&r| !self.lost[r] && takes(r))
+            .min_by_key(|&r| (self.in_flight[r], r));
+        let r = match r {
+            Some(r) => self.assign_to(r),
+            None => self.assign(),
+        };
+        self.unseen[r] += prompt;
+        r
     }
 
     /// Where a session on `from` goes when `from`'s gate would make its
@@ -292,6 +317,41 @@ mod tests {
         let mut r = Router::new(2);
         r.lose(0);
         assert_eq!(r.assign_by_room_or_empty(&[None, Some(5)], 10), 1);
+    }
+
+    #[test]
+    fn a_new_session_goes_to_the_fewest_sessions_among_replicas_with_room() {
+        let mut r = Router::new(3);
+        r.assign_to(1);
+        // Replica 0 tells too little room, 1 and 2 enough: 2 has fewer sessions.
+        assert_eq!(
+            r.assign_by_count_where_room(&[Some(50), Some(900), Some(900)], 100),
+            2
+        );
+        // Its 100 tokens count against replica 2 until its gate admits them.
+        assert_eq!(
+            r.assign_by_count_where_room(&[Some(50), Some(900), Some(150)], 100),
+            1
+        );
+        // A replica that tells nothing takes it only while it holds nothing.
+        assert_eq!(
+            r.assign_by_count_where_room(&[None, Some(0), Some(0)], 100),
+            0
+        );
+        assert_eq!(
+            r.assign_by_count_where_room(&[None, Some(0), Some(0)], 100),
+            0
+        );
+        // No replica takes it: the fewest sessions of all, as sticky.
+        assert_eq!((r.load(0), r.load(1), r.load(2)), (2, 2, 1));
+        assert_eq!(
+            r.assign_by_count_where_room(&[None, Some(0), Some(0)], 100),
+            2
+        );
+        // A lost replica takes nothing.
+        let mut r = Router::new(2);
+        r.lose(0);
+        assert_eq!(r.assign_by_count_where_room(&[None, Some(0)], 10), 1);
     }
 
     #[test]
