@@ -60,7 +60,7 @@ USAGE:
     (either form also takes --profile NAME|PATH,
      --capacity-probe full|no-cost|no-rate|usage-only|no-tier,
      --host-prompt tokens|length, --host-finish told|untold,
-     --host-report cached|output-only, --routing sticky|hash|least-loaded|room,
+     --host-report cached|output-only, --routing sticky|hash|least-loaded|room|room-replace|sticky-replace,
      --noise SPEC and --vary LIST)
     kvgate-sim --fit-steps STEPS.csv|STEPS.json
 
@@ -118,8 +118,14 @@ OPTIONS:
                    session's first turn to the replica whose gate reports the most free
                    working-set tokens, kvgate_working_set_free_tokens, and it stays; a
                    replica whose gate cannot tell counts as full; policies without a
-                   working set tell none: least-loaded, as sticky); each replica has
-                   its own gate [default: the scenario's, sticky]
+                   working set tell none: least-loaded, as sticky), or room-replace
+                   (room, an empty replica whose gate cannot tell yet counting as the
+                   roomiest; a later turn its gate would make wait, as a host in refusal
+                   mode answers 429, moves to the replica whose gate tells the most room
+                   for its whole prompt, prefilled anew there), or sticky-replace (a
+                   session's first turn to the fewest sessions among the replicas whose
+                   gate tells room for it, later turns as room-replace); each
+                   replica has its own gate [default: the scenario's, sticky]
     --noise N      run every scenario on a noisy engine: jitter=LO-HI (each step's cost
                    times a log-uniform factor in [LO, HI], drawn per step from the seed),
                    cotenant=START-END (steps begun from START to END s of simulated time
@@ -311,6 +317,10 @@ mod tests {
         assert!(parse(args("--routing round-robin")).is_err());
         let o = parse(args("--routing room")).unwrap().unwrap();
         assert_eq!(o.routing, Some(Routing::Room));
+        let o = parse(args("--routing room-replace")).unwrap().unwrap();
+        assert_eq!(o.routing, Some(Routing::RoomReplace));
+        let o = parse(args("--routing sticky-replace")).unwrap().unwrap();
+        assert_eq!(o.routing, Some(Routing::StickyReplace));
         let o = parse(args("--host-prompt length")).unwrap().unwrap();
         assert_eq!(o.host_prompt, Some(HostPrompt::Length));
         assert!(parse(args("--host-prompt ids")).is_err());

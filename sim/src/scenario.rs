@@ -96,7 +96,8 @@ struct File {
     /// What the host tells the gate of each turn: `cached` or `output-only`.
     #[serde(default)]
     host_report: HostReport,
-    /// How the router places sessions: `sticky`, `hash` or `least-loaded`.
+    /// How the router places sessions: `sticky`, `hash`, `least-loaded`,
+    /// `room`, `room-replace` or `sticky-replace`.
     #[serde(default)]
     routing: Routing,
     /// Whether replica 0 differs: `uniform`, `replica-kv-half`, `replica-slow`.

@@ -82,18 +82,42 @@ pub enum Routing {
     /// known yet) counts as full; where none tells it (every policy but
     /// working-set kvgate), least-loaded, as `sticky`.
     Room,
+    /// As `room`, with the refusal mode of a host (KVGATE_VLLM_REFUSE_NEW)
+    /// and a proxy that places a refused session anew: at its first turn a
+    /// replica whose gate tells no room yet and holds no session counts as
+    /// empty (the most room); a later turn its gate would make wait (an
+    /// attempt not admitted at once) moves to the other replica whose gate
+    /// tells the most room for its whole prompt, with nobody waiting to
+    /// join there, as a new session there (its history prefilled again);
+    /// where none has the room it waits where it is.
+    RoomReplace,
+    /// At its first turn, the fewest sessions among the replicas whose gate
+    /// tells room for it (or that hold nothing yet), all of them where none
+    /// does; later turns as `room-replace`: a turn its gate would make wait
+    /// moves where a gate tells room for it.
+    StickyReplace,
 }
 
 impl Routing {
-    /// Parses `sticky`, `hash`, `least-loaded` or `room`.
+    /// Whether a turn its gate would make wait is placed anew
+    /// (`room-replace`, `sticky-replace`).
+    pub fn replaces(self) -> bool {
+        matches!(self, Self::RoomReplace | Self::StickyReplace)
+    }
+
+    /// Parses `sticky`, `hash`, `least-loaded`, `room`, `room-replace` or
+    /// `sticky-replace`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "sticky" => Ok(Self::Sticky),
             "hash" => Ok(Self::Hash),
             "least-loaded" => Ok(Self::LeastLoaded),
             "room" => Ok(Self::Room),
+            "room-replace" => Ok(Self::RoomReplace),
+            "sticky-replace" => Ok(Self::StickyReplace),
             other => Err(format!(
-                "routing `{other}`: expected sticky, hash, least-loaded or room"
+                "routing `{other}`: expected sticky, hash, least-loaded, room, room-replace \
+                 or sticky-replace"
             )),
         }
     }
@@ -631,7 +655,15 @@ impl Sim<'_> {
                     },
                 );
             }
-            Action::Timer { id, generation, at } => {
+            Action::Timer {
+                id,
+                session,
+                generation,
+                at,
+            } => {
+                if self.deployment.routing.replaces() && self.replace(session) {
+                    return; // the attempt was withdrawn
+                }
                 self.events
                     .push(at.max(self.now), Event::GateTimer { id, generation });
             }
@@ -645,6 +677,46 @@ impl Sim<'_> {
             }
             Action::Preempted => {}
         }
+    }
+
+    /// `room-replace`, `sticky-replace`: the gate of session `s`'s replica
+    /// would make its turn wait (the attempt was not admitted at once, the
+    /// step a host in refusal mode, an acquire with timeout 0, answers HTTP
+    /// 429). A later turn moves to the replica whose gate tells the most
+    /// room for its whole prompt, if one does and nobody waits to join
+    /// there: its attempt is withdrawn, the old gate forgets the session,
+    /// and the new one sees a new session. Asked again at each wait (each
+    /// wake or poll that sleeps again), as a proxy that retries after a
+    /// 429 would. Returns whether it moved.
+    fn replace(&mut self, s: usize) -> bool {
+        let st = &self.sessions[s];
+        if st.turn == 0 {
+            return false; // a first turn waits where it was placed
+        }
+        let from = st.replica.expect("routed");
+        let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
+        let gate = self.gate.as_ref().expect("a gate makes turns wait");
+        let room: Vec<Option<u64>> = (0..self.deployment.replicas)
+            .map(|r| {
+                let nobody_joining = gate.joining(r) == Some(0);
+                gate.free_tokens(r).filter(|_| r != from && nobody_joining)
+            })
+            .collect();
+        let Some(to) = self.router.replace(from, &room, prompt) else {
+            return false;
+        };
+        let gate = self.gate.as_mut().expect("checked");
+        gate.abandon(s);
+        gate.finish_session(s, self.now);
+        let st = &mut self.sessions[s];
+        if let Some((r, p)) = st.unseen.take() {
+            self.router.seen(r, p);
+        }
+        st.replica = Some(to);
+        st.router_slot = Some(to);
+        st.unseen = Some((to, prompt));
+        self.issue_turn(s);
+        true
     }
 
     fn answer_probe(&mut self, replica: usize, id: u64, kind: ProbeKind, session: usize) {
@@ -778,15 +850,41 @@ impl Sim<'_> {
     fn route(&mut self, s: usize) {
         let st = &mut self.sessions[s];
         let r = match self.deployment.routing {
-            Routing::Sticky | Routing::Hash | Routing::Room if st.replica.is_some() => return,
+            Routing::Sticky
+            | Routing::Hash
+            | Routing::Room
+            | Routing::RoomReplace
+            | Routing::StickyReplace
+                if st.replica.is_some() =>
+            {
+                return
+            }
             Routing::Sticky => self.router.assign(),
-            Routing::Room => {
+            Routing::StickyReplace => {
+                let gate = self.gate.as_ref();
+                let room: Vec<Option<u64>> = (0..self.deployment.replicas)
+                    .map(|r| {
+                        let nobody_joining = gate.and_then(|g| g.joining(r)) == Some(0);
+                        gate.and_then(|g| g.free_tokens(r))
+                            .filter(|_| nobody_joining)
+                    })
+                    .collect();
+                let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
+                let r = self.router.assign_by_count_where_room(&room, prompt);
+                st.unseen = Some((r, prompt));
+                r
+            }
+            Routing::Room | Routing::RoomReplace => {
                 let gate = self.gate.as_ref();
                 let room: Vec<Option<u64>> = (0..self.deployment.replicas)
                     .map(|r| gate.and_then(|g| g.free_tokens(r)))
                     .collect();
                 let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
-                let r = self.router.assign_by_room(&room, prompt);
+                let r = if self.deployment.routing == Routing::Room {
+                    self.router.assign_by_room(&room, prompt)
+                } else {
+                    self.router.assign_by_room_or_empty(&room, prompt)
+                };
                 st.unseen = Some((r, prompt));
                 r
             }

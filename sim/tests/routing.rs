@@ -1,9 +1,11 @@
 //! The router in front of the replicas (`Routing`): `hash` keeps every turn
 //! of a session on the replica its id hashes to, `sticky` and `room` where
 //! it first landed, and `least-loaded` places every turn anew (sessions
-//! migrate), with no gate and with kvgate (one gate per replica); a replica
-//! lost partway (`Cluster::ReplicaLost`) serves nothing after, and every
-//! session still finishes. Runs in well under a second in debug.
+//! migrate), with no gate and with kvgate (one gate per replica);
+//! `room-replace` and `sticky-replace` move a session whose gate would make
+//! a later turn wait, and every turn still runs once; a replica lost
+//! partway (`Cluster::ReplicaLost`) serves nothing after, and every session
+//! still finishes. Runs in well under a second in debug.
 
 use std::collections::BTreeSet;
 
@@ -13,6 +15,7 @@ use kvgate_sim::policy::router::hash_replica;
 use kvgate_sim::policy::Policy;
 use kvgate_sim::scenario::Scenario;
 use kvgate_sim::simulation::Routing;
+use kvgate_sim::workload::Workload;
 
 const SCENARIO: &str = r#"
 name = "routing"
@@ -98,6 +101,62 @@ fn room_routing_keeps_a_session_where_it_first_landed() {
     }
 }
 
+/// Per session, how many times each turn was recorded.
+fn turns_recorded(r: &kvgate_sim::metrics::RunResult, sessions: usize) -> Vec<Vec<usize>> {
+    let mut seen = vec![Vec::new(); sessions];
+    for t in &r.turns {
+        let per: &mut Vec<usize> = &mut seen[t.session];
+        if per.len() <= t.turn {
+            per.resize(t.turn + 1, 0);
+        }
+        per[t.turn] += 1;
+    }
+    seen
+}
+
+#[test]
+fn refused_turns_move_where_a_gate_has_room_and_every_turn_runs_once() {
+    for routing in [Routing::RoomReplace, Routing::StickyReplace] {
+        for cluster in [Cluster::ReplicaKvHalf, Cluster::ReplicaLost] {
+            let mut scenario = Scenario::parse(SCENARIO).expect("valid scenario");
+            scenario.deployment.routing = routing;
+            scenario.deployment.cluster = cluster;
+            let runs = compare(&scenario, scenario.seed, &scenario.policies);
+            let workload = Workload::generate(
+                &scenario.workload,
+                scenario.deployment.engine.block_size,
+                scenario.seed,
+            );
+            for r in runs {
+                let name = &r.policy.name;
+                assert!(
+                    r.finished,
+                    "{routing:?} {cluster:?} {name}: every session finished"
+                );
+                for (s, per) in turns_recorded(&r, 24).iter().enumerate() {
+                    let turns = workload.sessions[s].turns.len();
+                    assert_eq!(per, &vec![1; turns], "{routing:?} {name}: session {s}");
+                }
+                // A session that changed replica between turns without a loss moved.
+                let mut replicas = vec![BTreeSet::new(); 24];
+                for t in r
+                    .turns
+                    .iter()
+                    .filter(|t| t.replica != 0 || cluster != Cluster::ReplicaLost)
+                {
+                    replicas[t.session].insert(t.replica);
+                }
+                let moved = replicas.iter().filter(|r| r.len() > 1).count();
+                if r.gate.is_some() {
+                    assert!(moved > 0, "{routing:?} {cluster:?}: no session moved");
+                } else {
+                    assert_eq!(moved, 0, "{routing:?} {cluster:?} {name}: no gate refuses");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_lost_replica_serves_nothing_after_and_every_session_finishes() {
     for routing in [Routing::Room, Routing::Sticky, Routing::Hash] {
@@ -146,6 +205,8 @@ fn routing_parses_from_scenario_files_and_the_command_line() {
     );
     assert_eq!(Routing::parse("least-loaded"), Ok(Routing::LeastLoaded));
     assert_eq!(Routing::parse("room"), Ok(Routing::Room));
+    assert_eq!(Routing::parse("room-replace"), Ok(Routing::RoomReplace));
+    assert_eq!(Routing::parse("sticky-replace"), Ok(Routing::StickyReplace));
     let odd = SCENARIO.replace(
         "replicas = 3\n",
         "replicas = 3\ncluster = \"replica-slow\"\n",

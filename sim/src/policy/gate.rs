@@ -42,10 +42,14 @@ pub enum Action {
         /// Which probe.
         kind: ProbeKind,
     },
-    /// Call [`GateDriver::on_timer`] at `at` unless woken before.
+    /// Call [`GateDriver::on_timer`] at `at` unless woken before: the
+    /// gate makes the turn wait (what a host in refusal mode, an acquire
+    /// with timeout 0, answers HTTP 429).
     Timer {
         /// Attempt id.
         id: u64,
+        /// Its session.
+        session: usize,
         /// Sleep generation, to recognise stale timers.
         generation: u64,
         /// Absolute time, ns.
@@ -286,6 +290,11 @@ impl GateDriver {
         (ws.capacity_tokens > 0).then(|| ws.capacity_tokens.saturating_sub(ws.load_tokens))
     }
 
+    /// Sessions waiting to join `replica`'s working set; `None` without one.
+    pub fn joining(&self, replica: usize) -> Option<usize> {
+        Some(self.cores.get(replica)?.working_set_stats()?.waiting)
+    }
+
     /// Attempts in progress.
     pub fn live_attempts(&self) -> usize {
         self.attempts.len()
@@ -314,9 +323,15 @@ impl GateDriver {
                 // The core's next deadline (a grace window's end) is folded
                 // into every sleeper's timer: in simulated time a herd of
                 // timers costs nothing, and one that fires does what is due.
-                let core = &self.cores[self.core_of[self.attempts[&id].session]];
+                let session = self.attempts[&id].session;
+                let core = &self.cores[self.core_of[session]];
                 let at = core.next_deadline().map_or(until_ns, |d| d.min(until_ns));
-                Action::Timer { id, generation, at }
+                Action::Timer {
+                    id,
+                    session,
+                    generation,
+                    at,
+                }
             }
             Step::Admitted(token) => {
                 let d = self.attempts.remove(&id).expect("live");

@@ -9,7 +9,15 @@
 //! (a consistent hash of `X-Session-ID`) does; `least-loaded` places every
 //! turn anew, so a session migrates whenever another replica has fewer;
 //! `room` places a new session on the replica whose gate reports the most
-//! free working-set tokens ([`Router::assign_by_room`]) and keeps it there.
+//! free working-set tokens ([`Router::assign_by_room`]) and keeps it there;
+//! `room-replace` places a new session the same way, an empty replica whose
+//! gate cannot tell its room yet counting as the roomiest
+//! ([`Router::assign_by_room_or_empty`]), and moves a session whose gate
+//! refuses a later turn to the replica whose gate tells the most room for
+//! its whole prompt ([`Router::replace`]); `sticky-replace` places a new
+//! session on the fewest sessions among the replicas whose gate tells room
+//! for it ([`Router::assign_by_count_where_room`]) and moves as
+//! `room-replace` (the rule of the Python package's `kvgate.Placement`).
 
 /// Sessions in flight per replica.
 #[derive(Debug, Clone)]
@@ -110,6 +118,69 @@ impl Router {
             .expect("at least one replica left");
         self.unseen[r] += prompt;
         self.assign_to(r)
+    }
+
+    /// As [`Router::assign_by_room`] (`room-replace`), but a replica whose
+    /// gate tells no room and that holds no session counts as empty, the
+    /// most room: a gate is told its engine's capacity only once a turn has
+    /// asked, so otherwise a replica never asked is never chosen. A gate
+    /// that tells no room while it holds sessions still counts as full.
+    pub fn assign_by_room_or_empty(&mut self, room: &[Option<u64>], prompt: u64) -> usize {
+        assert_eq!(room.len(), self.in_flight.len(), "one figure per replica");
+        let room: Vec<Option<u64>> = room
+            .iter()
+            .enumerate()
+            .map(|(r, &f)| match f {
+                None if self.in_flight[r] == 0 => Some(u64::MAX),
+                f => f,
+            })
+            .collect();
+        self.assign_by_room(&room, prompt)
+    }
+
+    /// Places a new session on the replica with the fewest sessions among
+    /// those that take it now (`sticky-replace`): whose gate tells room
+    /// (`room[r]`, `None` where it cannot tell or a session waits to join)
+    /// for `prompt` tokens beyond the first prompts placed there and not
+    /// admitted yet, or that tell nothing and hold no session. Where none
+    /// does, the fewest sessions of all, as `sticky`. Ties: the lowest index.
+    pub fn assign_by_count_where_room(&mut self, room: &[Option<u64>], prompt: u64) -> usize {
+        assert_eq!(room.len(), self.in_flight.len(), "one figure per replica");
+        let takes = |r: usize| match room[r] {
+            Some(free) => free.saturating_sub(self.unseen[r]) >= prompt,
+            None => self.in_flight[r] == 0,
+        };
+        let r = (0..room.len())
+            .filter(|&r| !self.lost[r] && takes(r))
+            .min_by_key(|&r| (self.in_flight[r], r));
+        let r = match r {
+            Some(r) => self.assign_to(r),
+            None => self.assign(),
+        };
+        self.unseen[r] += prompt;
+        r
+    }
+
+    /// Where a session on `from` goes when `from`'s gate would make its
+    /// turn of `prompt` tokens (its whole history) wait (`room-replace`,
+    /// `sticky-replace`):
+    /// the other live replica whose gate tells the most room less the first
+    /// prompts placed there and not admitted yet, if that is `prompt` or
+    /// more (`room[r]`: `None` where the gate cannot tell, or where a
+    /// session waits to join). Ties: fewer sessions, then the lowest index.
+    /// The move is counted: off `from`, onto the new replica with `prompt`
+    /// not admitted yet. `None`: no replica has room, the session stays.
+    pub fn replace(&mut self, from: usize, room: &[Option<u64>], prompt: u64) -> Option<usize> {
+        assert_eq!(room.len(), self.in_flight.len(), "one figure per replica");
+        let to = (0..room.len())
+            .filter(|&r| r != from && !self.lost[r])
+            .filter_map(|r| Some((r, room[r]?.saturating_sub(self.unseen[r]))))
+            .filter(|&(_, free)| free >= prompt)
+            .min_by_key(|&(r, free)| (std::cmp::Reverse(free), self.in_flight[r], r))
+            .map(|(r, _)| r)?;
+        self.release(from);
+        self.unseen[to] += prompt;
+        Some(self.assign_to(to))
     }
 
     /// The gate of `replica` admitted a session placed there by room with
@@ -227,6 +298,98 @@ mod tests {
         assert_eq!(r.assign_by_room(&[None, None, None], 0), 1);
         assert_eq!(r.assign_by_room(&[None, None, None], 0), 2);
         assert_eq!(r.assign_by_room(&[None, None, None], 0), 0);
+    }
+
+    #[test]
+    fn an_empty_replica_that_tells_no_room_yet_gets_the_next_session() {
+        let mut r = Router::new(3);
+        r.assign_to(0);
+        // Replica 1 was never asked (no figure) and holds nothing: empty.
+        assert_eq!(r.assign_by_room_or_empty(&[Some(900), None, None], 10), 1);
+        // Replica 2 likewise; then replica 1 holds a session but still
+        // tells nothing: full, so the one that tells room wins.
+        assert_eq!(r.assign_by_room_or_empty(&[Some(900), None, None], 10), 2);
+        assert_eq!(r.assign_by_room_or_empty(&[Some(900), None, None], 10), 0);
+        // Nobody tells: fewest sessions, as sticky.
+        assert_eq!(r.assign_by_room_or_empty(&[None, None, None], 10), 1);
+        assert_eq!((r.load(0), r.load(1), r.load(2)), (2, 2, 1));
+        // A lost replica is never the empty one.
+        let mut r = Router::new(2);
+        r.lose(0);
+        assert_eq!(r.assign_by_room_or_empty(&[None, Some(5)], 10), 1);
+    }
+
+    #[test]
+    fn a_new_session_goes_to_the_fewest_sessions_among_replicas_with_room() {
+        let mut r = Router::new(3);
+        r.assign_to(1);
+        // Replica 0 tells too little room, 1 and 2 enough: 2 has fewer sessions.
+        assert_eq!(
+            r.assign_by_count_where_room(&[Some(50), Some(900), Some(900)], 100),
+            2
+        );
+        // Its 100 tokens count against replica 2 until its gate admits them.
+        assert_eq!(
+            r.assign_by_count_where_room(&[Some(50), Some(900), Some(150)], 100),
+            1
+        );
+        // A replica that tells nothing takes it only while it holds nothing.
+        assert_eq!(
+            r.assign_by_count_where_room(&[None, Some(0), Some(0)], 100),
+            0
+        );
+        assert_eq!(
+            r.assign_by_count_where_room(&[None, Some(0), Some(0)], 100),
+            0
+        );
+        // No replica takes it: the fewest sessions of all, as sticky.
+        assert_eq!((r.load(0), r.load(1), r.load(2)), (2, 2, 1));
+        assert_eq!(
+            r.assign_by_count_where_room(&[None, Some(0), Some(0)], 100),
+            2
+        );
+        // A lost replica takes nothing.
+        let mut r = Router::new(2);
+        r.lose(0);
+        assert_eq!(r.assign_by_count_where_room(&[None, Some(0)], 10), 1);
+    }
+
+    #[test]
+    fn a_refused_session_moves_where_the_gate_tells_most_room() {
+        let mut r = Router::new(4);
+        for replica in [0, 0, 1, 2, 3] {
+            r.assign_to(replica);
+        }
+        // Replica 0 refused a turn of 500 tokens: replica 2 has the most room.
+        let room = [Some(0), Some(600), Some(800), None];
+        assert_eq!(r.replace(0, &room, 500), Some(2));
+        assert_eq!((r.load(0), r.load(2)), (1, 2));
+        // Its 500 count against replica 2 until its gate admits them:
+        // replica 1 (600) now has more room than replica 2 (300).
+        assert_eq!(r.replace(0, &room, 500), Some(1));
+        r.seen(2, 500);
+        r.seen(1, 500);
+        // Ties: fewer sessions (replica 3 holds one, replica 1 two).
+        let room = [None, Some(700), Some(500), Some(700)];
+        assert_eq!(r.replace(2, &room, 500), Some(3));
+    }
+
+    #[test]
+    fn with_no_room_anywhere_a_refused_session_stays() {
+        let mut r = Router::new(3);
+        for replica in [0, 1, 2] {
+            r.assign_to(replica);
+        }
+        // Room short of the whole prompt, a gate that cannot tell, the
+        // refusing replica itself, a lost one: none takes it.
+        assert_eq!(r.replace(0, &[Some(5000), Some(499), None], 500), None);
+        r.lose(2);
+        assert_eq!(r.replace(0, &[Some(5000), Some(0), Some(5000)], 500), None);
+        // Room that the router's own unadmitted placements already fill.
+        let mut r = Router::new(2);
+        assert_eq!(r.assign_by_room(&[Some(0), Some(900)], 600), 1);
+        assert_eq!(r.replace(0, &[None, Some(900)], 500), None);
+        assert_eq!((r.load(0), r.load(1)), (0, 1));
     }
 
     #[test]
