@@ -132,8 +132,9 @@ class Placement:
         # First prompts placed on a replica whose gate has not admitted them
         # yet: its figure does not count them, so a burst would otherwise all
         # land on the replica that looked roomiest before it.
-        self._unseen: Dict[bytes, Tuple[str, int]] = {}
-        self._unseen_tokens: Dict[str, int] = {r: 0 for r in names}
+        # Each is (replica, prompt tokens, the replica's load when placed;
+        # None where its figure was missing), oldest first.
+        self._unseen: Dict[bytes, Tuple[str, int, Optional[int]]] = {}
 
     @property
     def replicas(self) -> Sequence[str]:
@@ -163,6 +164,8 @@ class Placement:
         candidates = [r for r in self._replicas if r not in avoid]
         if not candidates:
             return None
+        for r in candidates:
+            self._see(r, rooms.get(r))
         free = {r: self._free(r, rooms.get(r)) for r in candidates}
         takers = [r for r in candidates if self._takes(free[r], prompt_tokens, rooms.get(r))]
         pool = takers or candidates
@@ -172,8 +175,8 @@ class Placement:
             best = min(pool, key=lambda r: (self._placed[r], self._replicas.index(r)))
         self._unpin(key)
         self._pin(key, best)
-        self._unseen[key] = (best, prompt_tokens)
-        self._unseen_tokens[best] += prompt_tokens
+        figure = rooms.get(best)
+        self._unseen[key] = (best, prompt_tokens, figure.tokens if figure is not None else None)
         return PlacementChoice(best, takes_now=bool(takers))
 
     def _free(self, replica: str, room: Optional[ReplicaRoom]) -> float:
@@ -187,7 +190,28 @@ class Placement:
             return float("inf")
         if room.capacity_tokens == 0:
             return -1.0
-        return float(room.free_tokens - self._unseen_tokens[replica])
+        unseen = sum(tokens for r, tokens, _ in self._unseen.values() if r == replica)
+        return float(room.free_tokens - unseen)
+
+    def _see(self, replica: str, room: Optional[ReplicaRoom]) -> None:
+        """Drops the first prompts placed on ``replica`` that its figure
+        already counts: its load has grown, since the oldest of them was
+        placed, by at least their tokens, oldest first. (A gate counts a
+        session once it admits it; the host hears of that only when the
+        turn ends, and a long first turn runs for seconds.) Sessions that
+        left meanwhile hide some growth: those prompts stay counted until
+        their turns end, erring towards a fuller replica."""
+        if room is None:
+            return
+        mine = [(k, tokens, then) for k, (r, tokens, then) in self._unseen.items() if r == replica]
+        if not mine or mine[0][2] is None:
+            return
+        grown = room.tokens - mine[0][2]
+        for key, tokens, _ in mine:
+            if tokens > grown:
+                break
+            grown -= tokens
+            del self._unseen[key]
 
     @staticmethod
     def _takes(free: float, prompt_tokens: int, room: Optional[ReplicaRoom]) -> bool:
@@ -221,9 +245,7 @@ class Placement:
         self._forget_unseen(key)
 
     def _forget_unseen(self, key: bytes) -> None:
-        unseen = self._unseen.pop(key, None)
-        if unseen is not None:
-            self._unseen_tokens[unseen[0]] -= unseen[1]
+        self._unseen.pop(key, None)
 
     async def turn(self, session: Session, prompt_tokens: int, send: Callable[[str], Awaitable[T]]) -> T:
         """Runs one turn: ``send(replica)`` where the session is placed; if

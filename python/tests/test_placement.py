@@ -47,6 +47,18 @@ def test_first_prompts_not_yet_admitted_count_against_the_room() -> None:
     assert p.choose("s4", 2_000, rooms).replica == "a"  # type: ignore[union-attr]
 
 
+def test_a_first_prompt_stops_counting_once_the_replica_load_shows_it() -> None:
+    p = Placement(R)
+    assert p.choose("long", 7_000, {"a": kvgate.UNTOUCHED, "b": None, "c": None}).replica == "a"  # type: ignore[union-attr]
+    # Its turn runs (the host hears nothing until it ends); a's gate counts it:
+    # 7,008 tokens held, 5,792 free. Were the 7,000 still counted, a would not take 600.
+    busy = ReplicaRoom(capacity_tokens=12_800, tokens=7_008, sessions=1, waiting_sessions=0)
+    c = p.choose("short", 600, {"a": busy, "b": None, "c": None})
+    assert c is not None and c.replica == "a" and c.takes_now
+    # The short one is not in a's load yet: it still counts, oldest first.
+    assert not p.choose("big", 5_500, {"a": busy, "b": None, "c": None}).takes_now  # type: ignore[union-attr]
+
+
 def test_a_refused_turn_moves_to_the_most_room_whatever_the_session_counts() -> None:
     p = Placement(R)
     for i in range(3):
