@@ -106,8 +106,8 @@ class Placement:
     """Session -> replica, for a host that places sessions itself.
 
     A replica takes a session now when its gate's free room, less the first
-    prompts placed there that the gate has not admitted yet, holds the
-    prompt and nobody waits to join there, or when nothing is there yet. A
+    prompts placed there that its load does not show yet, holds the prompt
+    and nobody waits to join there, or when nothing is there yet. A
     session's first turn goes to the replica with the fewest sessions placed
     among those that take it now (all of them if none does); ties to the
     first listed. Later turns go to the same replica. A turn a replica
@@ -129,11 +129,10 @@ class Placement:
         self._rooms = rooms
         self._pins: Dict[bytes, str] = {}
         self._placed: Dict[str, int] = {r: 0 for r in names}
-        # First prompts placed on a replica whose gate has not admitted them
-        # yet: its figure does not count them, so a burst would otherwise all
-        # land on the replica that looked roomiest before it.
-        # Each is (replica, prompt tokens, the replica's load when placed;
-        # None where its figure was missing), oldest first.
+        # First prompts placed on a replica that its figure does not count
+        # yet (a burst would otherwise all land on the replica that looked
+        # roomiest before it): (replica, prompt tokens, the replica's load
+        # when placed, None where its figure was missing), oldest first.
         self._unseen: Dict[bytes, Tuple[str, int, Optional[int]]] = {}
 
     @property
@@ -181,7 +180,7 @@ class Placement:
 
     def _free(self, replica: str, room: Optional[ReplicaRoom]) -> float:
         """The room a replica's figure tells, less the first prompts placed
-        there and not admitted yet: -1 where it cannot tell (no figure, or a
+        there that it does not count yet: -1 where it cannot tell (no figure, or a
         gate with sessions and no capacity yet), infinite where nothing is
         there yet (no gate made, nothing placed)."""
         if room is None:
@@ -219,7 +218,7 @@ class Placement:
 
     def admitted(self, session: Session) -> None:
         """The session's turn ran where it was placed: that gate's figure
-        counts it from now."""
+        counts it from now (`turn` calls it when ``send`` returns)."""
         self._forget_unseen(_key(session))
 
     def refused(self, session: Session, replica: str) -> None:
