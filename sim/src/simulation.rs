@@ -695,13 +695,7 @@ impl Sim<'_> {
         }
         let from = st.replica.expect("routed");
         let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
-        let gate = self.gate.as_ref().expect("a gate makes turns wait");
-        let room: Vec<Option<u64>> = (0..self.deployment.replicas)
-            .map(|r| {
-                let nobody_joining = gate.joining(r) == Some(0);
-                gate.free_tokens(r).filter(|_| r != from && nobody_joining)
-            })
-            .collect();
+        let room = room_to_join(self.gate.as_ref(), self.deployment.replicas);
         let Some(to) = self.router.replace(from, &room, prompt) else {
             return false;
         };
@@ -861,14 +855,7 @@ impl Sim<'_> {
             }
             Routing::Sticky => self.router.assign(),
             Routing::StickyReplace => {
-                let gate = self.gate.as_ref();
-                let room: Vec<Option<u64>> = (0..self.deployment.replicas)
-                    .map(|r| {
-                        let nobody_joining = gate.and_then(|g| g.joining(r)) == Some(0);
-                        gate.and_then(|g| g.free_tokens(r))
-                            .filter(|_| nobody_joining)
-                    })
-                    .collect();
+                let room = room_to_join(self.gate.as_ref(), self.deployment.replicas);
                 let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
                 let r = self.router.assign_by_count_where_room(&room, prompt);
                 st.unseen = Some((r, prompt));
@@ -1187,4 +1174,17 @@ impl Sim<'_> {
             );
         }
     }
+}
+
+/// Each replica's free working-set tokens where a session could join now:
+/// `None` where its gate cannot tell them or a session already waits to
+/// join there (`sticky-replace`'s first turns, and moves).
+fn room_to_join(gate: Option<&GateDriver>, replicas: usize) -> Vec<Option<u64>> {
+    (0..replicas)
+        .map(|r| {
+            let nobody_joining = gate.and_then(|g| g.joining(r)) == Some(0);
+            gate.and_then(|g| g.free_tokens(r))
+                .filter(|_| nobody_joining)
+        })
+        .collect()
 }
