@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Collection, Dict, Mapping, Optional, Sequence, Set, Tuple, TypeVar, Union
+from typing import Awaitable, Callable, Collection, Dict, Mapping, Optional, Sequence, Set, Tuple, TypeVar
 
+from ._args import Session, _session_bytes
 from ._figures import Stats
 
 log = logging.getLogger("kvgate.placement")
 
-Session = Union[str, bytes]
 T = TypeVar("T")
 
 #: Figures per replica; None where the replica's figure is missing, stale or
@@ -142,7 +142,7 @@ class Placement:
     def replica_of(self, session: Session) -> Optional[str]:
         """The replica the session's turns go to, or None for a session not
         placed (new, finished, or refused where it was)."""
-        return self._pins.get(_key(session))
+        return self._pins.get(_session_bytes(session))
 
     def sessions_on(self, replica: str) -> int:
         """Sessions placed on ``replica`` and not finished or moved."""
@@ -156,7 +156,7 @@ class Placement:
         sessions are. None when every replica is in ``avoid``."""
         if prompt_tokens < 0:
             raise ValueError(f"prompt_tokens must be >= 0, not {prompt_tokens}")
-        key = _key(session)
+        key = _session_bytes(session)
         home = self._pins.get(key)
         if home is not None and home not in avoid:
             return PlacementChoice(home, takes_now=True)
@@ -219,19 +219,19 @@ class Placement:
     def admitted(self, session: Session) -> None:
         """The session's turn ran where it was placed: that gate's figure
         counts it from now (`turn` calls it when ``send`` returns)."""
-        self._forget_unseen(_key(session))
+        self._forget_unseen(_session_bytes(session))
 
     def refused(self, session: Session, replica: str) -> None:
         """``replica`` refused the session's turn: the session is no longer
         placed there (its next choice places it again)."""
-        key = _key(session)
+        key = _session_bytes(session)
         if self._pins.get(key) == replica:
             self._unpin(key)
 
     def finish(self, session: Session) -> None:
         """The session ended: its place is freed (a later turn of the same id
         is placed as new)."""
-        self._unpin(_key(session))
+        self._unpin(_session_bytes(session))
 
     def _pin(self, key: bytes, replica: str) -> None:
         self._pins[key] = replica
@@ -256,7 +256,7 @@ class Placement:
         ``send`` propagates (the session stays placed)."""
         if self._rooms is None:
             raise RuntimeError("Placement.turn needs a room source: Placement(replicas, rooms=...)")
-        key = _key(session)
+        key = _session_bytes(session)
         home = self._pins.get(key)
         refused_at: Set[str] = set()
         retry_after: Optional[float] = None
@@ -290,10 +290,3 @@ class Placement:
             self.admitted(session)
             return out
 
-
-def _key(session: Session) -> bytes:
-    if isinstance(session, str):
-        return session.encode()
-    if isinstance(session, bytes):
-        return session
-    raise TypeError(f"a session id is str or bytes, not {type(session).__name__}")

@@ -341,8 +341,9 @@ class Gates:
 
 def free_tokens(stats: kvgate.Stats) -> int:
     """The working set's free room, tokens: capacity minus load, floored at 0
-    (0 too while the capacity is unknown, before the first probe answers)."""
-    return max(0, stats.working_set_capacity_tokens - stats.working_set_tokens)
+    (0 too while the capacity is unknown, before the first probe answers);
+    the figure a placing host reads (`kvgate.ReplicaRoom.free_tokens`)."""
+    return kvgate.ReplicaRoom.of(stats).free_tokens
 
 
 def retry_after_sec(stats: kvgate.Stats) -> int:
