@@ -37,20 +37,13 @@ import kvgate
 # outside the runtime package: integrations/vllm/tests/support.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from support.launcher import Server, free_port, metric
+from support.launcher import Server, free_port, metric_or_zero
 from support.openai_sessions import run_sessions
 from support.placing_proxy import PlacingProxy
 from support.router import Router
 
 PLACEMENTS = ("hash", "sticky", "room", "room-refuse")
 from support.workload import Workload
-
-
-def counter(text: str, name: str, **labels: str) -> float:
-    try:
-        return metric(text, name, **labels)
-    except KeyError:
-        return 0.0
 
 
 async def through_proxy(replicas: list[Server], w: Workload) -> float:
@@ -85,17 +78,17 @@ def run(gate: bool, config: str, placement: str, ports: list[int], args: argpars
         else:
             wall = asyncio.run(through_proxy(replicas, w))
         after = [srv.metrics() for srv in replicas]
-        q = sum(counter(a, "vllm:prefix_cache_queries_total") - counter(b, "vllm:prefix_cache_queries_total") for a, b in zip(after, before))
-        h = sum(counter(a, "vllm:prefix_cache_hits_total") - counter(b, "vllm:prefix_cache_hits_total") for a, b in zip(after, before))
-        turns = [int(counter(a, "vllm:request_success_total") - counter(b, "vllm:request_success_total")) for a, b in zip(after, before)]
+        q = sum(metric_or_zero(a, "vllm:prefix_cache_queries_total") - metric_or_zero(b, "vllm:prefix_cache_queries_total") for a, b in zip(after, before))
+        h = sum(metric_or_zero(a, "vllm:prefix_cache_hits_total") - metric_or_zero(b, "vllm:prefix_cache_hits_total") for a, b in zip(after, before))
+        turns = [int(metric_or_zero(a, "vllm:request_success_total") - metric_or_zero(b, "vllm:request_success_total")) for a, b in zip(after, before)]
         adm = "—"
         if gate:
             parts = []
             for a in after:
-                reasons = {r.name.lower(): int(counter(a, "kvgate_admissions_total", reason=r.name.lower())) for r in kvgate.Reason}
+                reasons = {r.name.lower(): int(metric_or_zero(a, "kvgate_admissions_total", reason=r.name.lower())) for r in kvgate.Reason}
                 parts.append(", ".join(f"{v} {k}" for k, v in reasons.items() if v))
             adm = " / ".join(parts)
-        refused = sum(int(counter(a, "kvgate_refused_total")) for a in after)
+        refused = sum(int(metric_or_zero(a, "kvgate_refused_total")) for a in after)
         label = f"gate on, one per replica ({config or 'defaults'}), {placement}" if gate else "gate off, hash"
         return f"| {label} | {wall:.1f} s | {100 * h / q:.1f}% | {' / '.join(map(str, turns))} | {adm} | {refused} |"
     finally:

@@ -20,7 +20,7 @@ import kvgate
 # outside the runtime package: integrations/vllm/tests/support.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from support.launcher import Server, metric
+from support.launcher import Server, metric, metric_or_zero
 from support.openai_sessions import run_sessions
 from support.workload import Workload
 
@@ -48,12 +48,10 @@ def main() -> None:
             h = metric(after, "vllm:prefix_cache_hits_total") - metric(before, "vllm:prefix_cache_hits_total")
             adm = "—"
             if gate:
-                reasons = {}
-                for r in (reason.name.lower() for reason in kvgate.Reason):
-                    try:
-                        reasons[r] = int(metric(after, "kvgate_admissions_total", reason=r))
-                    except KeyError:
-                        pass
+                reasons = {
+                    r: int(metric_or_zero(after, "kvgate_admissions_total", reason=r))
+                    for r in (reason.name.lower() for reason in kvgate.Reason)
+                }
                 adm = ", ".join(f"{v} {k}" for k, v in reasons.items() if v)
             label = f"plugin on ({args.config or 'defaults'})" if gate else "plugin off"
             print(f"| {label} | {wall:.1f} s | {100 * h / q:.1f}% | {adm} |", flush=True)

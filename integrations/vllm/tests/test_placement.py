@@ -16,7 +16,7 @@ import pytest
 
 from kvgate_vllm.placement import room_of
 from support.engine import random_prompt
-from support.launcher import Server, metric
+from support.launcher import Server, metric_or_zero
 from support.placing_proxy import PlacingProxy
 
 from test_serve import PATIENCE_SEC
@@ -45,10 +45,7 @@ def replicas(tmp_path_factory: Any) -> Iterator[list[Server]]:
 
 
 def counter(srv: Server, name: str) -> float:
-    try:
-        return metric(srv.metrics(), name)
-    except KeyError:  # no gate yet
-        return 0.0
+    return metric_or_zero(srv.metrics(), name)
 
 
 async def until(what: str, cond: Callable[[], bool]) -> None:

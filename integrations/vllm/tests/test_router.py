@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from support.engine import random_prompt
-from support.launcher import Server, metric
+from support.launcher import Server, metric, metric_or_zero
 from support.router import Router
 
 from test_serve import PATIENCE_SEC, wait_for
@@ -60,17 +60,11 @@ def pair(tmp_path_factory: Any) -> Iterator[Pair]:
 
 def admitted(srv: Server) -> float:
     """The replica's gate's admissions (0 before its first gated request made the gate)."""
-    try:
-        return metric(srv.metrics(), "kvgate_admissions_all_total")
-    except KeyError:
-        return 0.0
+    return metric_or_zero(srv.metrics(), "kvgate_admissions_all_total")
 
 
 def gauge(srv: Server, name: str) -> float:
-    try:
-        return metric(srv.metrics(), name, engine="0")
-    except KeyError:  # no gate yet: nothing held, nothing waiting
-        return 0.0
+    return metric_or_zero(srv.metrics(), name, engine="0")  # no gate yet: nothing held, nothing waiting
 
 
 def assert_nothing_left(srv: Server) -> None:

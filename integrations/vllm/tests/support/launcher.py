@@ -124,3 +124,12 @@ def metric(text: str, name: str, **labels: str) -> float:
     if not seen:
         raise KeyError(name)
     return total
+
+
+def metric_or_zero(text: str, name: str, **labels: str) -> float:
+    """`metric`, or 0 where no sample has that name (kvgate's families
+    appear once the first gated request has made the gate)."""
+    try:
+        return metric(text, name, **labels)
+    except KeyError:
+        return 0.0
