@@ -153,6 +153,29 @@ impl PromptSketch {
             i => position(i - 1) as u64 + 2,
         }
     }
+
+    /// [`PromptSketch::sampled_common_prefix`], and the most the two
+    /// prompts may begin with alike: up to the pair of the first sample
+    /// that differs (one of its two tokens does), else the shorter prompt.
+    pub fn sampled_common_prefix_bounds(&self, other: &PromptSketch) -> (u64, u64) {
+        let agreeing = self
+            .samples
+            .iter()
+            .zip(other.samples.iter())
+            .take_while(|(a, b)| a == b)
+            .count();
+        let surely = match agreeing {
+            0 => 0,
+            i => position(i - 1) as u64 + 2,
+        };
+        let differs = agreeing < self.samples.len().min(other.samples.len());
+        let most = if differs {
+            position(agreeing) as u64 + 1
+        } else {
+            self.len.min(other.len)
+        };
+        (surely.min(most), most)
+    }
 }
 
 #[cfg(test)]
@@ -195,6 +218,11 @@ mod tests {
         // Apart from the first token: nothing.
         let e = PromptSketch::of(&tokens(3000, 6));
         assert_eq!(a.sampled_common_prefix(&e), 0);
+        // The first differing sample pairs tokens 2,047 and 2,048: they may
+        // share up to 2,048 tokens, surely 1,537.
+        assert_eq!(a.sampled_common_prefix_bounds(&b), (1537, 2048));
+        assert_eq!(c.sampled_common_prefix_bounds(&d), (1537, 1600));
+        assert_eq!(a.sampled_common_prefix_bounds(&e), (0, 1));
         assert_eq!(PromptSketch::default().sampled_common_prefix(&a), 0);
     }
 

@@ -59,10 +59,11 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     }
 
     /// The tokens a session outside the working set would add by joining
-    /// with a `prompt`-token prompt: its footprint, less the shared prefix
-    /// already counted.
+    /// with a `prompt`-token prompt: its footprint, less the shared
+    /// prefixes already counted.
     pub(super) fn need(&self, s: Slot, prompt: u64) -> u64 {
-        self.own(s, self.footprint(s, prompt))
+        let prefix = self.sessions[s].history.prefix;
+        self.own(s, self.footprint(s, prompt)) + self.prefixes.uncounted_on_path(prefix)
     }
 
     /// Whether `need` more tokens fit beside what is counted now (the
@@ -124,7 +125,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
                 (own as f64, growth, started)
             })
             .collect();
-        let base = (self.shared.tokens + self.ghost_tokens()) as f64;
+        let base = (self.shared_tokens() + self.ghost_tokens()) as f64;
         let capacity = self.capacity.tokens();
         // One turn ahead is `fits_beside_members`' own test.
         (2..=last).all(|k| {
@@ -210,13 +211,10 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     fn park_until_fits(&mut self, need: u64, now: u64) -> f64 {
         let mut rebuild = 0.0;
         while !self.fits_beside_members(need) {
-            let Some(own) = self.park_lru(now, None) else {
+            let Some((prefix, own)) = self.park_lru(now, None) else {
                 break;
             };
-            rebuild += self
-                .capacity
-                .rebuild_secs(self.shared.tokens, own)
-                .unwrap_or(0.0);
+            rebuild += self.capacity.rebuild_secs(prefix, own).unwrap_or(0.0);
         }
         rebuild
     }
@@ -251,14 +249,15 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// Parks the member between turns released longest ago (never `keep`):
     /// the one whose blocks the engine evicts first whichever member the
     /// gate parks, so parking any other would lose both.
-    /// Returns the parked member's own tokens, or `None` if nobody could
-    /// be parked.
-    fn park_lru(&mut self, now: u64, keep: Option<Slot>) -> Option<u64> {
+    /// Returns the prefix the parked member's return will find cached
+    /// and its own tokens, or `None` if nobody could be parked.
+    fn park_lru(&mut self, now: u64, keep: Option<Slot>) -> Option<(u64, u64)> {
         let victim = self.idle.iter(&self.sessions).find(|&s| Some(s) != keep)?;
         let own = self.own(victim, self.sessions[victim].member()?.footprint);
+        let prefix = self.prefix_of(victim);
         self.leave(victim, now, super::lifecycle::Leaving::BetweenTurns);
         self.parked += 1;
-        Some(own)
+        Some((prefix, own))
     }
 
     /// When the queue head reaches the wait bound, if it has not yet (a

@@ -30,6 +30,13 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 self.own_sum
             ));
         }
+        let hanging: Vec<_> = self
+            .sessions
+            .iter()
+            .filter(|(_, r)| r.history.in_tree)
+            .map(|(_, r)| (r.history.prefix, r.member().is_some()))
+            .collect();
+        self.prefixes.audit(&hanging)?;
         let reserves: u64 = self.members().map(|(_, m)| m.reserve).sum();
         if reserves != self.reserve_sum {
             return Err(format!(

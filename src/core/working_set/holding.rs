@@ -40,8 +40,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if turn <= 0.0 || self.member_count == 0 || !capacity.is_finite() {
             return None;
         }
-        let footprint =
-            (self.own_sum as f64 / self.member_count as f64 + self.shared.tokens as f64).max(1.0);
+        let prefixes: u64 = self.members().map(|(s, _)| self.prefix_of(s)).sum();
+        let footprint = ((self.own_sum + prefixes) as f64 / self.member_count as f64).max(1.0);
         // A cold turn rebuilds the whole footprint, its attention included.
         let rebuild = self.capacity.rebuild_secs(0, footprint as u64)?;
         if rebuild <= 0.0 {

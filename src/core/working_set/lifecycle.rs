@@ -24,6 +24,7 @@
 
 use std::hash::Hash;
 
+use super::prefix_tree::NodeId;
 use super::tier::TierPlace;
 use super::{Slot, Verdict, WorkingSet};
 use crate::core::prompt::PromptSketch;
@@ -152,12 +153,13 @@ pub(super) struct History {
     /// for all of them): what its first turn hit, or until that is
     /// reported, what first turns have hit so far.
     pub(super) shared_credit: u64,
-    /// What its first prompt shares with the first prompt seen before it,
-    /// whole blocks: its shared prefix when no cached tokens are reported.
-    pub(super) sketched_shared: u64,
-    /// Its driver has given a prompt sketch (its first prompt has been
-    /// compared).
-    pub(super) sketched: bool,
+    /// It hangs in the prefix tree (module `prefix_tree`): its first
+    /// prompt came with a sketch, and `shared_credit` is its node's depth.
+    pub(super) in_tree: bool,
+    /// The node it hangs from (`None`: it shares nothing known).
+    pub(super) prefix: Option<NodeId>,
+    /// The sketch of its last prompt, for newcomers to be matched with.
+    pub(super) sketch: Option<PromptSketch>,
     /// Its recent tool gaps.
     pub(super) gaps: Gaps,
 }
@@ -167,7 +169,12 @@ impl History {
     /// showed (at most the `shared_prefix` counted once for all) is not
     /// its own.
     pub(super) fn own(&self, footprint: u64, shared_prefix: u64) -> u64 {
-        footprint.saturating_sub(self.shared_credit.min(shared_prefix))
+        let cap = if self.in_tree {
+            u64::MAX
+        } else {
+            shared_prefix
+        };
+        footprint.saturating_sub(self.shared_credit.min(cap))
     }
 }
 
@@ -236,11 +243,6 @@ impl<K> Session<K> {
     }
 }
 
-/// Keeps a prompt sketch's bookkeeping: whether one was ever given.
-pub(super) fn saw_sketch(h: &mut History, sketch: Option<&PromptSketch>) {
-    h.sketched |= sketch.is_some();
-}
-
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// The session at `s`, waiting, joins the working set with its turn in
     /// flight (`Waiting` → `Member`).
@@ -255,6 +257,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let footprint = self.footprint(s, w.prompt);
         let reserve = self.means.next_turn_growth(&self.sessions[s].history);
         self.own_sum += self.own(s, footprint);
+        self.prefixes.member_joined(self.sessions[s].history.prefix);
         self.reserve_sum += reserve;
         self.trim_tier();
         self.stays += 1;
@@ -311,6 +314,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.member_count -= 1;
         let own = self.own(s, m.footprint);
         self.own_sum -= own;
+        self.prefixes.member_left(self.sessions[s].history.prefix);
         self.reserve_sum -= m.reserve;
         self.sessions[s].stage = Stage::Away;
         Some((m, own))
@@ -363,6 +367,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         }
         self.leave(s, now, Leaving::Ended);
         self.end_in_tier(s);
+        self.unhang(s);
         let r = &mut self.sessions[s];
         if let Stage::Waiting(_) = r.stage {
             r.history = Default::default();
@@ -370,6 +375,17 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         } else {
             self.sessions.remove(s);
             self.slots.remove(key);
+        }
+    }
+
+    /// The session at `s`, not a member, no longer hangs in the prefix
+    /// tree: its record is dropped or begins again.
+    pub(super) fn unhang(&mut self, s: Slot) {
+        let h = &mut self.sessions[s].history;
+        if h.in_tree {
+            self.prefixes.unhang(h.prefix.take());
+            h.in_tree = false;
+            h.shared_credit = 0;
         }
     }
 }

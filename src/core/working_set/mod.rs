@@ -80,11 +80,13 @@ mod estimates;
 mod holding;
 mod lifecycle;
 mod lifetimes;
+mod prefix_tree;
 mod queue;
 mod rebuild;
 mod roster;
 mod rotation_budget;
 mod shared_prefix;
+mod sharing;
 mod silences;
 mod tier;
 mod tuning;
@@ -104,6 +106,7 @@ use capacity::Capacity;
 use estimates::Means;
 use lifecycle::{Member, Session, Stage};
 use lifetimes::Lifetimes;
+use prefix_tree::PrefixTree;
 use queue::Queue;
 pub use rebuild::{CostError, RebuildCost};
 use roster::{Ghosts, IdleList};
@@ -270,6 +273,9 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     stays: u64,
     ghosts: Ghosts<K>,
     shared: SharedPrefix,
+    /// The prefixes sessions that pass their prompts' tokens share, at
+    /// every depth (module `prefix_tree`).
+    prefixes: PrefixTree,
     means: Means,
     lifetimes: Lifetimes,
     /// Sessions that left between turns, for ends presumed while the host
@@ -305,6 +311,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             stays: 0,
             ghosts: Ghosts::default(),
             shared: SharedPrefix::default(),
+            prefixes: PrefixTree::default(),
             means: Means::default(),
             lifetimes: Lifetimes::default(),
             silences: Silences::default(),
@@ -440,7 +447,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// The tokens of the rotation: the shared prefix, the members' own
     /// tokens and those of the sessions parked in the host tier.
     fn rotation_tokens(&self) -> u64 {
-        self.shared.tokens + self.own_sum + self.tier_parked.tokens()
+        self.shared_tokens() + self.own_sum + self.tier_parked.tokens()
     }
 
     /// `B` refill windows at the prefill rate, whatever the tier: past
@@ -457,9 +464,15 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.counted()
     }
 
-    /// The shared prefix once, the members' own tokens, the ghosts'.
+    /// The shared prefixes once, the members' own tokens, the ghosts'.
     fn counted(&self) -> u64 {
-        self.shared.tokens + self.own_sum + self.ghost_tokens()
+        self.shared_tokens() + self.own_sum + self.ghost_tokens()
+    }
+
+    /// The prefixes counted once for the members: the one learned from
+    /// hosts that pass no tokens, and the tree's segments in use.
+    fn shared_tokens(&self) -> u64 {
+        self.shared.tokens + self.prefixes.counted()
     }
 
     fn oldest_idle_release(&self) -> Option<u64> {
@@ -537,7 +550,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             waiting: self.queue.len(),
             load_tokens: self.load(),
             capacity_tokens: self.capacity.known().map_or(0, |c| c as u64),
-            shared_prefix_tokens: self.shared.tokens,
+            shared_prefix_tokens: self.shared_tokens(),
             window_ns: self.window_ns(),
             rebuild_secs_per_token: self.capacity.secs_per_token(),
             rebuild_secs_per_pair: self.capacity.secs_per_pair(),

@@ -1,16 +1,16 @@
-//! The prefix sessions share (a system prompt, tool definitions): cached
-//! once for all of them, so counted once, not once per member.
+//! The prefix sessions share (a system prompt, tool definitions), for
+//! hosts that pass only their prompts' lengths: cached once for all of
+//! them, so counted once, not once per member. (A host that passes token
+//! ids is served by the prefix tree, module `prefix_tree`, which sees each
+//! shared prefix at every depth.)
 //!
-//! Learned from whichever the host gives, each serving a host the others
+//! Learned from whichever the host gives, each serving a host the other
 //! cannot:
 //! - the cached tokens of each session's first turn (a host that reports
-//!   them, e.g. the vLLM plugin): what a first turn hits is what it shares;
-//! - the sketches of the first prompts (a host that passes token ids but
-//!   gets no cached tokens back): how far each first prompt begins like
-//!   the one before it;
-//! - the usage gauge (a host that passes only lengths and gets no cached
-//!   tokens back): the turns in flight hold fewer blocks than their
-//!   prompts add up to by what they share.
+//!   them): what a first turn hits is what it shares;
+//! - the usage gauge (a host that reports no cached tokens): the turns in
+//!   flight hold fewer blocks than their prompts add up to by what they
+//!   share.
 //!
 //! A new session is counted without what first turns have hit so far
 //! until its own first turn reports: counting the prefix as its own
@@ -20,7 +20,6 @@ use std::collections::VecDeque;
 
 use super::estimates::running_mean;
 use super::tuning::USAGE_SAMPLES;
-use crate::core::prompt::PromptSketch;
 
 #[derive(Debug, Default)]
 pub(super) struct SharedPrefix {
@@ -28,13 +27,13 @@ pub(super) struct SharedPrefix {
     pub(super) tokens: u64,
     /// Running mean of what sessions' first turns hit.
     mean_first_hit: f64,
-    /// The sketch of the last first prompt seen.
-    last_first_prompt: Option<PromptSketch>,
     /// What each of the last usage answers says a turn in flight shares
     /// with the others, tokens.
     sharing_samples: VecDeque<f64>,
     /// Whether any turn has reported its cached tokens.
     cached_reported: bool,
+    /// Whether any prompt came with its token ids (its sketch).
+    prompts_seen: bool,
 }
 
 /// The prompts of the members' turns in flight, as one usage answer sees
@@ -59,22 +58,13 @@ impl SharedPrefix {
     /// Whether nothing but the usage gauge can show what sessions share:
     /// no turn has reported cached tokens and no prompt came with its ids.
     pub(super) fn blind(&self) -> bool {
-        !self.cached_reported && self.last_first_prompt.is_none()
+        !self.cached_reported && !self.prompts_seen
     }
 
-    /// A first prompt's sketch: returns how far it begins like the last
-    /// first prompt seen (whole blocks, never its last token), and keeps it
-    /// for the next.
-    pub(super) fn compare_first_prompt(&mut self, sketch: &PromptSketch, block: u64) -> u64 {
-        let common = self.last_first_prompt.as_ref().map_or(0, |last| {
-            last.sampled_common_prefix(sketch)
-                .min(sketch.len().saturating_sub(1))
-        });
-        match &mut self.last_first_prompt {
-            Some(last) => last.clone_from(sketch),
-            None => self.last_first_prompt = Some(sketch.clone()),
-        }
-        common / block * block
+    /// A prompt came with its token ids: the prefix tree sees what
+    /// sessions share, and the usage gauge is not asked.
+    pub(super) fn saw_prompt_tokens(&mut self) {
+        self.prompts_seen = true;
     }
 
     /// A turn reported its cached tokens.

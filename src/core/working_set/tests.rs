@@ -173,16 +173,21 @@ fn without_cached_reports_first_prompts_sketches_give_the_shared_prefix() {
             Verdict::Wait
         );
         ws.release(&key, 400, no_cached, 0, 1);
-        ws.finish(&key, 1);
     }
     assert_eq!(ws.stats().shared_prefix_tokens, 257);
+    assert_eq!(ws.load(), 257 + 2 * 143);
     // A new session is counted for the 143 tokens it adds.
     let sketch = PromptSketch::of(&prompt(2));
     assert_ne!(
         ws.request_sketched(&"c", 400, Some(&sketch), 2),
         Verdict::Wait
     );
-    assert_eq!(ws.load(), 257 + 143);
+    assert_eq!(ws.load(), 257 + 3 * 143);
+    // Once nobody else is left, c's prompt is all its own.
+    for key in ["first", "second"] {
+        ws.finish(&key, 3);
+    }
+    assert_eq!(ws.load(), 400);
     // Told lengths only, nothing is learned: the prefix counts as c's own.
     let mut lengths = set();
     for key in ["first", "second"] {
@@ -225,10 +230,11 @@ fn a_waiter_asking_again_is_not_compared_with_itself() {
         ws.release(&key, 2000, no_cached, 0, 2);
         ws.finish(&key, 2);
     }
-    assert_eq!(ws.stats().shared_prefix_tokens, 257);
+    assert_eq!(ws.stats().shared_prefix_tokens, 0, "no member uses it");
     let mut out = Vec::new();
     ws.admit_waiting(2, &mut out);
     assert_eq!(ask(&mut ws, "f", 5, 2), Verdict::Empty);
+    assert_eq!(ws.stats().shared_prefix_tokens, 257);
     ws.release(&"f", 2000, no_cached, 2, 3);
     // Compared with itself on asking again, f would have taught 1,537.
     assert_eq!(ws.stats().shared_prefix_tokens, 257);
@@ -969,4 +975,80 @@ fn a_told_rebuild_cost_prices_attention_and_a_measured_rate_the_tokens() {
         (s.rebuild_secs_per_token, s.rebuild_secs_per_pair),
         (1.0 / 40_000.0, 1.5e-9)
     );
+}
+
+#[test]
+fn a_group_task_is_counted_once_while_any_sample_of_the_group_is_a_member() {
+    // A GRPO step: a 1,024-token system prompt, then each task's 2,048
+    // tokens; a1 and a2 sample task A, b1 task B. Blocks of 16 tokens.
+    let mut ws: WorkingSet<&'static str> = WorkingSet::new(Tuning::default());
+    ws.set_engine(EngineCapacity::new(1_000_000, 16, 1000.0))
+        .unwrap();
+    let system: Vec<u32> = (0..1024).collect();
+    let first_prompt = |task: u32| -> Vec<u32> {
+        let task = (0..2048).map(move |i| 100_000 * (task + 1) + i);
+        system.iter().copied().chain(task).collect()
+    };
+    let (a, b) = (first_prompt(0), first_prompt(1));
+    let ask = |ws: &mut WorkingSet<&'static str>, key, prompt: &[u32]| {
+        let sketch = PromptSketch::of(prompt);
+        ws.request_sketched(&key, prompt.len() as u64, Some(&sketch), 0)
+    };
+    assert_eq!(ask(&mut ws, "a1", &a), Verdict::Empty);
+    assert_eq!(ws.stats().shared_prefix_tokens, 0, "a1 shares nothing yet");
+    assert_eq!(ask(&mut ws, "a2", &a), Verdict::Fits);
+    assert_eq!(ask(&mut ws, "b1", &b), Verdict::Fits);
+    // The engine served each from its cache as far as the prefixes go.
+    ws.release(&"a1", 3072, report(0, 16), 0, 1);
+    ws.release(&"a2", 3072, report(3056, 16), 0, 1);
+    ws.release(&"b1", 3072, report(1024, 16), 0, 1);
+    let with_task = ws.stats().shared_prefix_tokens;
+    assert_eq!(with_task, 3056, "the system prompt and task A, each once");
+    // Each member's own tokens are what lies beyond its node: the load is
+    // every cached block once.
+    // (Each footprint is its 3,072-token prompt and 16 tokens of output.)
+    assert_eq!(ws.load(), 3056 + 32 + 32 + (3088 - 1024));
+    ws.audit().unwrap();
+    // a1, which sent task A first, ends: a2 still uses the task.
+    ws.finish(&"a1", 2);
+    assert_eq!(ws.stats().shared_prefix_tokens, with_task);
+    ws.audit().unwrap();
+    // a2 ends too: only b1 is in, below the system prompt.
+    ws.finish(&"a2", 3);
+    assert_eq!(ws.stats().shared_prefix_tokens, 1024);
+    ws.audit().unwrap();
+}
+
+#[test]
+fn a_session_that_compacts_its_history_hangs_again() {
+    let mut ws: WorkingSet<&'static str> = WorkingSet::new(Tuning::default());
+    ws.set_engine(EngineCapacity::new(1_000_000, 1, 1000.0))
+        .unwrap();
+    let system: Vec<u32> = (0..2048).collect();
+    let with = |seed: u32, len: u32| -> Vec<u32> {
+        let own = (0..len).map(move |i| 100_000 * (seed + 1) + i);
+        system.iter().copied().chain(own).collect()
+    };
+    let ask = |ws: &mut WorkingSet<&'static str>, key, prompt: &[u32], t| {
+        let sketch = PromptSketch::of(prompt);
+        ws.request_sketched(&key, prompt.len() as u64, Some(&sketch), t)
+    };
+    ask(&mut ws, "a", &with(0, 4096), 0);
+    ask(&mut ws, "b", &with(1, 4096), 0);
+    let shared = ws.stats().shared_prefix_tokens;
+    assert!(
+        shared > 1024,
+        "{shared}: the system prompt, as far as sampled"
+    );
+    ws.release(&"a", 6144, report(0, 0), 0, 1);
+    // a's next prompt keeps nothing of the system prompt (a summary
+    // replaced its history): it no longer shares it.
+    let compacted: Vec<u32> = (0..3000).map(|i| 900_000 + i).collect();
+    assert_eq!(ask(&mut ws, "a", &compacted, 2), Verdict::Member);
+    ws.audit().unwrap();
+    assert_eq!(ws.stats().shared_prefix_tokens, shared, "b still uses it");
+    // Until the turn ends a's old blocks are still its own; then only the
+    // new prompt is.
+    ws.release(&"a", 3000, report(0, 0), 2, 3);
+    assert_eq!(ws.load(), 3000 + 6144, "a's prompt all its own, b's whole");
 }

@@ -4,7 +4,7 @@
 
 use std::hash::Hash;
 
-use super::lifecycle::{saw_sketch, Leaving, Session, Stage, ToolGap, Waiting};
+use super::lifecycle::{Leaving, Session, Stage, ToolGap, Waiting};
 use super::window::keeps_window;
 use super::{PromptSketch, Slot, TurnReport, Verdict, WorkingSet};
 
@@ -37,21 +37,17 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.close_gap(s, now);
         self.means
             .learn_growth(&mut self.sessions[s].history, prompt);
+        if let Some(sketch) = sketch {
+            self.place_in_tree(s, sketch);
+        }
         if self.sessions[s].member().is_some() {
-            saw_sketch(&mut self.sessions[s].history, sketch);
             return self.member_request(s, prompt, now);
         }
-        let block = self.capacity.block_tokens();
-        let first_turn = self.sessions[s].history.turns == 0;
-        if first_turn {
-            let h = &self.sessions[s].history;
-            if let (Some(sketch), false) = (sketch, h.sketched) {
-                let shared = self.shared.compare_first_prompt(sketch, block);
-                self.sessions[s].history.sketched_shared = shared;
-            }
+        let h = &self.sessions[s].history;
+        if h.turns == 0 && !h.in_tree {
+            let block = self.capacity.block_tokens();
             self.sessions[s].history.shared_credit = self.shared.expected_first_hit(block);
         }
-        saw_sketch(&mut self.sessions[s].history, sketch);
         self.enqueue(s, prompt, now);
         if self.candidate() != Some(s) {
             return Verdict::Wait;
@@ -175,9 +171,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if !cold {
             self.means.turn_took(now.saturating_sub(admitted_at));
         }
-        // Its own tokens before the report can change what it shares.
-        let own_before = slot.and_then(|s| Some(self.own(s, self.sessions[s].member()?.footprint)));
+        // What the report teaches of what it shares is counted first
+        // (`set_credit`), so its own tokens are taken after.
         self.learn(slot, prompt, report, admitted_at, now);
+        let own_before = slot.and_then(|s| Some(self.own(s, self.sessions[s].member()?.footprint)));
         if let Some(s) = slot {
             let output = report
                 .output_tokens
@@ -249,13 +246,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             None => {}
         }
         let Some(cached) = report.cached_tokens else {
-            // What a first prompt's sketch shared stands for its cached tokens.
-            if let Some(h) = s.map(|s| &mut self.sessions[s].history) {
-                if h.turns == 0 && h.sketched_shared > 0 {
-                    h.shared_credit = h.sketched_shared;
-                    self.shared.first_turn_shared(h.sketched_shared);
-                }
-            }
             return;
         };
         self.shared.saw_cached_report();
@@ -263,9 +253,15 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return;
         };
         let h = &mut self.sessions[s].history;
-        if h.turns == 0 {
-            h.shared_credit = cached;
+        if h.turns == 0 && h.in_tree {
+            let node = h.prefix;
+            let block = self.capacity.block_tokens();
+            if self.prefixes.measured(node, cached, block) > 0 {
+                self.deepened(node);
+            }
+        } else if h.turns == 0 {
             self.shared.first_turn_shared(cached);
+            self.set_credit(s, cached);
         }
         let secs = now.saturating_sub(admitted_at).max(1) as f64 / 1e9;
         self.capacity
