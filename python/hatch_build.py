@@ -17,7 +17,14 @@ checkout. Building the wheel from it is what verifies the packaged crate.
 
 Cargo's own environment is honoured: CARGO (the cargo to run),
 CARGO_TARGET_DIR, CARGO_BUILD_TARGET (a cross build: the platform tag follows
-the target triple) and its linker variables.
+the target triple), its linker variables and its profile variables
+(scripts/build-wheels.sh strips the library with CARGO_PROFILE_RELEASE_*).
+
+KVGATE_ZIG_GLIBC=2.17 (a glibc version) builds with `cargo zigbuild --target
+<triple>.2.17` instead (cargo-zigbuild and ziglang from PyPI: zig links
+against that glibc's symbols), so the library needs no newer glibc than that
+and `auditwheel repair` can tag the wheel for it (2.17: manylinux2014). The
+triple is CARGO_BUILD_TARGET's, else this machine's.
 """
 
 from __future__ import annotations
@@ -71,6 +78,10 @@ class KvgateBuildHook(BuildHookInterface):
             )
         triple = os.environ.get("CARGO_BUILD_TARGET", "")
         command = [_cargo(), "build", "--release", "--lib", "--locked", "--manifest-path", str(manifest)]
+        glibc = os.environ.get("KVGATE_ZIG_GLIBC", "")
+        if glibc:
+            triple = triple or f"{os.uname().machine}-unknown-linux-gnu"
+            command[1:2] = ["zigbuild", "--target", f"{triple}.{glibc}"]
         self.app.display_info(f"kvgate: {' '.join(command)}")
         subprocess.run(command, check=True, cwd=crate)
         target_dir = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or crate / "target")

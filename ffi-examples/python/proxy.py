@@ -122,7 +122,7 @@ def misuse_checks() -> str:
         attempt.wake()
         check(False, "a wake while probing is refused")
     except kvgate.OutOfOrder as e:
-        check(e.status == kvgate.Status.OUT_OF_ORDER, "out-of-order status")
+        check(e.code == kvgate.Status.OUT_OF_ORDER, "out-of-order status")
         message = e.message
     attempt.close()
     waker.close()
@@ -257,7 +257,7 @@ def binding_checks_and_misuse() -> None:
         kvgate.Gate(reference(high_watermark=float("nan")))
         check(False, "a NaN watermark is refused")
     except kvgate.InvalidArgument as e:
-        check(e.status == kvgate.Status.INVALID_ARGUMENT, "config error status")
+        check(e.code == kvgate.Status.INVALID_ARGUMENT, "config error status")
         check("invalid high_watermark: NaN" in e.message, f"config error message: {e.message}")
     message = misuse_checks()
     n = len(kvgate._ffi.FUNCTIONS)

@@ -1,26 +1,36 @@
-"""Exceptions: one class per kvgate_status that is a failure."""
+"""Exceptions: one class per kvgate_status that is a failure.
+
+The C status is ``code``, not ``status``: HTTP servers that map an
+exception to a response by its ``status_code``, ``http_status`` or
+``status`` attribute (Lego-RL's chat-completion proxy does, aiohttp-style)
+would send the small C number as the HTTP status. The outcomes of an attempt
+carry ``http_status`` instead (docs/python.md, "HTTP status")."""
 
 from __future__ import annotations
 
-from typing import Dict, Type
+from typing import Dict, Optional, Type
 
 from ._ffi import Status, last_error, load
 
 
 class KvgateError(Exception):
-    """A kvgate call failed. ``status`` is the C status; ``message`` is the
-    library's ``kvgate_last_error()`` for refused calls (misuse), or a
-    description of how an attempt ended."""
+    """A kvgate call failed. ``code`` is the C status (a :class:`Status`);
+    ``message`` is the library's ``kvgate_last_error()`` for refused calls
+    (misuse), or a description of how an attempt ended. ``http_status`` is
+    the HTTP status a server should answer it with, None for misuse (a bug
+    of the caller: a server's own choice for an unexpected error, usually
+    500)."""
 
-    status: Status = Status.OK
+    code: Status = Status.OK
+    http_status: Optional[int] = None
 
     def __init__(self, status: int, message: str):
         try:
-            self.status = Status(status)
+            self.code = Status(status)
         except ValueError:  # a status a newer library added
-            self.status = status  # type: ignore[assignment]
+            self.code = status  # type: ignore[assignment]
         self.message = message
-        name = self.status.name if isinstance(self.status, Status) else str(status)
+        name = self.code.name if isinstance(self.code, Status) else str(status)
         super().__init__(f"{name.lower()}: {message}")
 
 
@@ -53,25 +63,33 @@ class OsError(KvgateError):
 
 
 class AdmissionError(KvgateError):
-    """An attempt ended without a lease; ``status`` says why."""
+    """An attempt ended without a lease; ``code`` says why. ``http_status``
+    503 (Service Unavailable: not admitted, try again later) unless the
+    subclass says otherwise."""
+
+    http_status: Optional[int] = 503
 
 
 class Preempted(AdmissionError):
-    """A newer attempt of the same session began while this one waited."""
+    """A newer attempt of the same session began while this one waited
+    (``http_status`` 409 Conflict, as Lego-RL's proxy answers a preempted
+    attempt)."""
+
+    http_status: Optional[int] = 409
 
 
 class TimedOut(AdmissionError):
-    """The timeout passed before admission."""
+    """The timeout passed before admission (``http_status`` 503)."""
 
 
 class Cancelled(AdmissionError):
     """The attempt was cancelled (``Gate.cancel_session`` or the attempt's
-    own cancel). A cancelled asyncio task raises ``asyncio.CancelledError``
-    instead, as asyncio requires."""
+    own cancel; ``http_status`` 503). A cancelled asyncio task raises
+    ``asyncio.CancelledError`` instead, as asyncio requires."""
 
 
 class Closed(AdmissionError):
-    """The gate was closed before admission."""
+    """The gate was closed before admission (``http_status`` 503)."""
 
 
 _BY_STATUS: Dict[int, Type[KvgateError]] = {

@@ -19,9 +19,11 @@ Modes, read once from the environment when the scheduler is built:
   nothing is probed.
 - On, with none of the four ``HARBOR_SESSION_SCHEDULER_*`` knobs set:
   kvgate's working-set admission at its defaults.
-- On, with any of them set: the seed's table (reference mode) with the
-  seed's values, parsed as the seed parses them (an unparseable value is the
-  default; the poll interval at least 5 s, the grace at least 0 s).
+- On, with any of them set to something other than blanks: the seed's
+  table (reference mode) with the seed's values, parsed as the seed parses
+  them (an unparseable value, the empty one included, is the default; the
+  poll interval at least 5 s, the grace at least 0 s). A knob set to ``""``
+  is the seed's default, as unset, so it does not select the table.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ HIGH_WATERMARK_ENV = "HARBOR_SESSION_SCHEDULER_HIGH_WATERMARK"
 HIT_THRESHOLD_ENV = "HARBOR_SESSION_SCHEDULER_HIT_THRESHOLD"
 WAIT_POLL_ENV = "HARBOR_SESSION_SCHEDULER_WAIT_POLL_SEC"
 IDLE_GRACE_ENV = "HARBOR_SESSION_SCHEDULER_IDLE_GRACE_SEC"
-#: Setting any of these selects reference mode.
+#: Setting any of these (to something other than blanks) selects reference mode.
 REFERENCE_KNOBS = (HIGH_WATERMARK_ENV, HIT_THRESHOLD_ENV, WAIT_POLL_ENV, IDLE_GRACE_ENV)
 
 _FALSY = ("", "0", "false", "no", "off")
@@ -62,16 +64,28 @@ SessionId = Union[str, bytes]
 
 class AdmissionPreempted(Preempted):
     """The attempt was preempted: its ``abort_event`` was set (the seed's
-    ``_AdmissionPreempted``; the proxy answers it with HTTP 409), or a newer
-    attempt of the same session began in the gate."""
+    ``_AdmissionPreempted``; the proxy answers it with HTTP 409, and so does
+    a server that reads ``http_status``), or a newer attempt of the same
+    session began in the gate. ``str()`` and ``message`` are the seed's
+    text, the body of the proxy's 409."""
 
     def __init__(self, session_id: SessionId) -> None:
         self.session_id = session_id
-        super().__init__(Status.PREEMPTED, f"Request preempted by a newer retry for session {session_id}")
+        shown = session_id.decode("utf-8", "replace") if isinstance(session_id, bytes) else session_id
+        super().__init__(Status.PREEMPTED, f"Request preempted by a newer retry for session {shown}")
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def _env_bool(environ: Mapping[str, str], name: str) -> bool:
     return environ.get(name, "0").strip().lower() not in _FALSY
+
+
+def _env_set(environ: Mapping[str, str], name: str) -> bool:
+    """Whether a knob is set: present and not blank (the seed parses a blank
+    value as its default, the same as unset)."""
+    return environ.get(name, "").strip() != ""
 
 
 def _env_float(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -209,6 +223,14 @@ class DisabledLease:
         return None
 
 
+async def _disabled() -> DisabledLease:
+    return DisabledLease()
+
+
+async def _nothing() -> None:
+    return None
+
+
 def _check_session(session_id: Any) -> None:
     if not isinstance(session_id, (str, bytes)):
         raise TypeError(f"session_id must be str or bytes, not {type(session_id).__name__}")
@@ -237,7 +259,7 @@ class SessionLevelScheduler:
         self.wait_poll_sec = max(5.0, _env_float(env, WAIT_POLL_ENV, 5.0))
         self.idle_grace_sec = max(0.0, _env_float(env, IDLE_GRACE_ENV, 60.0))
         self._table = _Table(self.high_watermark, self.hit_threshold)
-        if any(name in env for name in REFERENCE_KNOBS):
+        if any(_env_set(env, name) for name in REFERENCE_KNOBS):
             config = Config(
                 admission_mode=AdmissionMode.REFERENCE,
                 high_watermark=self._table.gate_watermark,
@@ -274,20 +296,22 @@ class SessionLevelScheduler:
         (seconds, None: no limit) ends it with :class:`kvgate.TimedOut`; a
         probe that never returns ends it so too, at most ``PROBE_GRACE_SEC``
         later (0: one pass, whose probes are awaited). Cancelling the awaiting task
-        cancels the attempt. A session id that is not str or bytes raises
-        TypeError here, before anything is asked or queued."""
+        cancels the attempt. When the scheduler is on, a session id that is
+        not str or bytes raises TypeError here, before anything is asked or
+        queued; off, any session id gets the disabled lease, as the seed's."""
+        if self.gate is None:
+            return _disabled()
         _check_session(session_id)
-        return self._acquire(session_id, prompt_ids, abort_event, timeout)
+        return self._acquire(self.gate, session_id, prompt_ids, abort_event, timeout)
 
     async def _acquire(
         self,
+        gate: Gate,
         session_id: SessionId,
         prompt_ids: Sequence[int],
         abort_event: Optional[asyncio.Event],
         timeout: Optional[float],
-    ) -> Union[SessionAdmissionLease, DisabledLease]:
-        if self.gate is None:
-            return DisabledLease()
+    ) -> SessionAdmissionLease:
         if abort_event is not None and abort_event.is_set():
             raise AdmissionPreempted(session_id)
         loop = asyncio.get_running_loop()
@@ -295,7 +319,7 @@ class SessionLevelScheduler:
         turn = _Turn(session_id)
         token = _TURN.set(turn)
         try:
-            task = loop.create_task(self.gate.acquire(session_id, prompt_ids, timeout=timeout))
+            task = loop.create_task(gate.acquire(session_id, prompt_ids, timeout=timeout))
         finally:
             _TURN.reset(token)
         aborted: Optional[asyncio.Task] = None
@@ -328,14 +352,15 @@ class SessionLevelScheduler:
     def finish_session(self, session_id: SessionId, reason: str = "finished") -> Coroutine[Any, Any, None]:
         """``await`` it: ends the session's stay (its reservation in reference
         mode, its place in the working set). Does nothing when the scheduler
-        is off. A session id that is not str or bytes raises TypeError here."""
-        _check_session(session_id)
-        return self._finish(session_id, reason)
-
-    async def _finish(self, session_id: SessionId, reason: str) -> None:
+        is off, whatever the session id. On, a session id that is not str or
+        bytes raises TypeError here."""
         if self.gate is None:
-            return
-        if self.gate.finish_session(session_id) is not None:
+            return _nothing()
+        _check_session(session_id)
+        return self._finish(self.gate, session_id, reason)
+
+    async def _finish(self, gate: Gate, session_id: SessionId, reason: str) -> None:
+        if gate.finish_session(session_id) is not None:
             log.debug("kvgate: finish session=%s reason=%s", session_id, reason)
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from kvgate import Status, StepKind
 def test_invalid_configuration():
     with pytest.raises(kvgate.InvalidArgument) as e:
         kvgate.Gate(kvgate.Config(high_watermark=math.nan))
-    assert e.value.status is Status.INVALID_ARGUMENT
+    assert e.value.code is Status.INVALID_ARGUMENT
     assert "invalid high_watermark: NaN" in e.value.message
     assert e.value.message == kvgate.last_error()
     with pytest.raises(kvgate.InvalidArgument):
@@ -28,7 +28,7 @@ def test_out_of_order_steps(reference_gate):
     assert attempt.kind is StepKind.PROBE_USAGE
     with pytest.raises(kvgate.OutOfOrder) as e:
         attempt.answer_prefix(0.5)
-    assert e.value.status is Status.OUT_OF_ORDER
+    assert e.value.code is Status.OUT_OF_ORDER
     assert "kvgate_attempt_answer_prefix" in e.value.message and "PROBE_USAGE" in e.value.message
     assert e.value.message == kvgate.last_error()
     with pytest.raises(kvgate.OutOfOrder):
@@ -57,4 +57,4 @@ def test_every_failure_status_has_its_exception():
         if status is Status.OK:
             continue
         err = kvgate._errors.error_for(status, "m")
-        assert err.status is status and type(err) is not kvgate.KvgateError, status
+        assert err.code is status and type(err) is not kvgate.KvgateError, status

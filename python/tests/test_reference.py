@@ -88,7 +88,7 @@ def test_preemption_by_a_newer_attempt(reference_gate, engine):
         newer = asyncio.create_task(reference_gate.acquire("retry", [7] * 10, timeout=0.05))
         with pytest.raises(kvgate.Preempted) as e:
             await older
-        assert e.value.status is kvgate.Status.PREEMPTED and "preempted" in e.value.message
+        assert e.value.code is kvgate.Status.PREEMPTED and "preempted" in e.value.message
         with pytest.raises(kvgate.TimedOut):
             await newer
         s = reference_gate.session_stats("retry")

@@ -95,6 +95,21 @@ def test_off_returns_the_disabled_lease_and_probes_nothing(value: Optional[str])
     assert manager.calls == []
 
 
+@pytest.mark.parametrize("session_id", [4242, None, 1.5, ["s"], bytearray(b"s"), "s", b"s"])
+def test_off_any_session_id_gets_the_disabled_lease_and_finish_does_nothing(session_id: Any) -> None:
+    manager = FakeServerManager(usage=PRESSURE)
+    sched = scheduler({}, manager)
+
+    async def main() -> None:
+        lease = await sched.acquire(session_id, [1, 2, 3], abort_event=asyncio.Event(), timeout=0.1)
+        assert isinstance(lease, kvgate.DisabledLease) and lease.reason == "disabled"
+        await lease.release()
+        assert await sched.finish_session(session_id, reason="pop_session") is None
+
+    run(main())
+    assert manager.calls == []
+
+
 @pytest.mark.parametrize("value", ["1", "2", "yes", "true", "on", "anything"])
 def test_any_other_value_turns_it_on(value: str) -> None:
     sched = scheduler({"HARBOR_SESSION_LEVEL_SCHEDULER": value}, FakeServerManager())
@@ -121,6 +136,35 @@ def test_any_knob_selects_the_seed_table_with_the_seed_defaults(knob: str) -> No
         admission_mode=kvgate.AdmissionMode.REFERENCE, high_watermark=0.85, hit_threshold=0.80,
         wait_poll_sec=5.0, idle_grace_sec=60.0,
     )
+    sched.close()
+
+
+# The knob table of docs/migrating.md ("Keeping the old table"): for each
+# knob, what the seed reads from a value (float(value), the default when it
+# does not parse, then its floor) and whether the value selects the table.
+DEFAULTS = {"HIGH_WATERMARK": 0.85, "HIT_THRESHOLD": 0.80, "WAIT_POLL_SEC": 5.0, "IDLE_GRACE_SEC": 60.0}
+KNOB_TABLE = [
+    # value, selects the table, what each knob reads (None: the default)
+    ("", False, {}),
+    ("  ", False, {}),
+    ("abc", True, {}),
+    ("nan", True, {"HIGH_WATERMARK": math.nan, "HIT_THRESHOLD": math.nan, "WAIT_POLL_SEC": 5.0, "IDLE_GRACE_SEC": 0.0}),
+    ("-1", True, {"HIGH_WATERMARK": -1.0, "HIT_THRESHOLD": -1.0, "WAIT_POLL_SEC": 5.0, "IDLE_GRACE_SEC": 0.0}),
+]
+
+
+@pytest.mark.parametrize("knob", list(DEFAULTS))
+@pytest.mark.parametrize("value, selects, reads", KNOB_TABLE, ids=["empty", "blank", "not_a_number", "nan", "negative"])
+def test_the_knob_table(knob: str, value: str, selects: bool, reads: Dict[str, float]) -> None:
+    sched = scheduler({**ON, f"HARBOR_SESSION_SCHEDULER_{knob}": value}, FakeServerManager())
+    want = {**DEFAULTS, knob: reads.get(knob, DEFAULTS[knob])}
+    got = {
+        "HIGH_WATERMARK": sched.high_watermark, "HIT_THRESHOLD": sched.hit_threshold,
+        "WAIT_POLL_SEC": sched.wait_poll_sec, "IDLE_GRACE_SEC": sched.idle_grace_sec,
+    }
+    for name in DEFAULTS:
+        assert got[name] == want[name] or (math.isnan(got[name]) and math.isnan(want[name])), (name, got)
+    assert sched.mode is (kvgate.AdmissionMode.REFERENCE if selects else kvgate.AdmissionMode.WORKING_SET)
     sched.close()
 
 
@@ -511,6 +555,22 @@ def test_a_threshold_at_or_below_zero_makes_every_probed_prompt_resident(thresho
     sched.close()
 
 
+def test_a_nan_threshold_is_never_reached_so_a_probed_turn_waits() -> None:
+    manager = FakeServerManager(usage=PRESSURE, prefix={"hit_ratio": 1.0})
+    sched = scheduler({**ON, "HARBOR_SESSION_SCHEDULER_HIT_THRESHOLD": "nan"}, manager)
+
+    async def main() -> None:
+        with pytest.raises(kvgate.TimedOut):  # 1.0 >= nan is False: not resident
+            await sched.acquire("s", [1], timeout=0.3)
+        manager.prefix = {}  # unavailable: admitted as the seed does
+        lease = await sched.acquire("s", [1])
+        assert lease.reason == "prefix_probe_unavailable"
+        await lease.release()
+
+    run(main())
+    sched.close()
+
+
 def test_a_threshold_above_one_is_never_reached_by_a_full_hit() -> None:
     manager = FakeServerManager(usage=PRESSURE, prefix={"hit_ratio": 1.0})
     sched = scheduler({**ON, "HARBOR_SESSION_SCHEDULER_HIT_THRESHOLD": "1.01"}, manager)
@@ -539,7 +599,9 @@ def test_an_abort_set_before_the_call_probes_nothing() -> None:
         with pytest.raises(AdmissionPreempted) as err:
             await sched.acquire("s", [1], abort_event=abort)
         assert err.value.session_id == "s" and isinstance(err.value, kvgate.Preempted)
-        assert str(err.value).endswith("Request preempted by a newer retry for session s")
+        # The seed's text exactly: Lego-RL's proxy sends str(exc) as its 409 body.
+        assert str(err.value) == "Request preempted by a newer retry for session s"
+        assert err.value.message == str(err.value) and err.value.http_status == 409
 
     run(main())
     assert manager.calls == [] and sched.gate.stats().attempts == 0

@@ -62,7 +62,10 @@ every OpenAI endpoint makes per request) and adds a small ASGI middleware:
   left queued to join (it never waits, so the wait bound never admits it: the
   client's retry does).
 - kvgate's Prometheus families (`kvgate_*`, label `engine`) are added to vLLM's
-  `/metrics` registry, with the plugin's own: `kvgate_working_set_free_tokens`
+  `/metrics` registry from the start: `AsyncLLM.__init__` is wrapped to build
+  every engine's gate as the engine client is built, so every family is
+  listed, at a new gate's figures (zero counts), before the first gated
+  request. With the plugin's own: `kvgate_working_set_free_tokens`
   (capacity minus load, floored at 0: the room a new session can join),
   `kvgate_refused_total` (turns answered 429), and the host tier's
   `kvgate_tier_tokens`, `kvgate_tier_reload_tokens_per_second` and
@@ -237,6 +240,13 @@ class Gates:
         else:
             call = client._call_utility_async(method, *args, engine=engine)
         return await asyncio.wait_for(call, PROBE_TIMEOUT_SEC)
+
+    def open_all(self) -> None:
+        """Builds every engine's gate now, so that /metrics lists kvgate's
+        families (at a new gate's figures: zero counts) before the first
+        gated request."""
+        for rank in range(self.dp_size):
+            self.gate(rank)
 
     def gate(self, rank: int) -> kvgate.Gate:
         g = self.gates.get(rank)
@@ -462,6 +472,19 @@ def _wrap_generate(original: Any) -> Any:
     return generate
 
 
+def _wrap_init(original: Any) -> Any:
+    """AsyncLLM.__init__, then its engines' gates: a dashboard or a placing
+    host reading /metrics at start sees every kvgate family (at zero)."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        gates_for(self).open_all()
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    __init__._kvgate = True  # type: ignore[attr-defined]
+    return __init__
+
+
 class KvgateCollector:
     """kvgate's figures on vLLM's Prometheus registry (`/metrics`), label `engine`."""
 
@@ -527,6 +550,8 @@ def install() -> None:
     feedback.install()  # the turns' tier hits onto their RequestOutputs
     if not getattr(AsyncLLM.generate, "_kvgate", False):
         AsyncLLM.generate = _wrap_generate(AsyncLLM.generate)
+    if not getattr(AsyncLLM.__init__, "_kvgate", False):
+        AsyncLLM.__init__ = _wrap_init(AsyncLLM.__init__)
     try:
         import vllm.entrypoints.launchers.app as app_module
 

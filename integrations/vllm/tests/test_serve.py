@@ -205,6 +205,34 @@ def test_waiting_turns_cost_no_thread(gated: Server) -> None:
     assert during <= before, f"{before} threads before, {during} with eight turns waiting"
 
 
+# The plugin's own families beside the library's (kvgate_vllm.serve.KvgateCollector).
+PLUGIN_FAMILIES = (
+    "kvgate_working_set_free_tokens", "kvgate_refused_total", "kvgate_tier_tokens",
+    "kvgate_tier_reload_tokens_per_second", "kvgate_tier_refused_answers_total",
+)
+
+
+def test_every_kvgate_family_is_on_metrics_before_the_first_gated_request(default: Server) -> None:
+    """The first test on its server (file order): the gates exist from the
+    start, so a dashboard or a placing host reading /metrics sees every
+    family, at a new gate's figures, before any turn."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = default.metrics()
+    assert metric(text, "kvgate_attempts_total", engine="0") == 0, "a gated request reached the server before this test"
+    fresh = kvgate.Gate(kvgate.Config())  # the server's config: the library's defaults
+    try:
+        want = fresh.metrics_text()
+    finally:
+        fresh.close()
+    samples = [s for fam in text_string_to_metric_families(want) for s in fam.samples]
+    assert len(samples) > 40
+    for s in samples:
+        assert metric(text, s.name, engine="0", **s.labels) == s.value, s
+    for name in PLUGIN_FAMILIES:
+        assert metric(text, name, engine="0") == 0, name
+
+
 def test_working_set_admission_learns_the_engines_capacity(default: Server) -> None:
     rng = random.Random(12)
     prompt = random_prompt(rng, 300)
