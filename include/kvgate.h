@@ -706,7 +706,8 @@ typedef struct kvgate_stats {
      */
     uint64_t working_set_capacity_tokens;
     /**
-     * Gauge: the prefix shared by sessions, counted once, tokens.
+     * Gauge: the prefixes shared by sessions (a system prompt, a group's
+     * task), each counted once while a member uses it, tokens.
      */
     uint64_t working_set_shared_prefix_tokens;
     /**

@@ -95,7 +95,8 @@ pub struct kvgate_stats {
     pub working_set_tokens: u64,
     /// Gauge: KV capacity in force, tokens (0 while unknown).
     pub working_set_capacity_tokens: u64,
-    /// Gauge: the prefix shared by sessions, counted once, tokens.
+    /// Gauge: the prefixes shared by sessions (a system prompt, a group's
+    /// task), each counted once while a member uses it, tokens.
     pub working_set_shared_prefix_tokens: u64,
     /// Gauge: how long a member keeps its place between turns, seconds.
     pub working_set_window_sec: f64,

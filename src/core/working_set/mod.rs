@@ -19,8 +19,10 @@
 //! `T(o)`, what re-prefilling `o` tokens of a history costs the engine, its
 //! attention over the history included):
 //! - each member's **footprint**: its newest prompt plus its output,
-//!   whole blocks; the **shared prefix** is counted once for all sessions
-//!   (module `shared_prefix`);
+//!   whole blocks; every **shared prefix** (a system prompt, the task a
+//!   GRPO group's samples share, a sub-agent's parent history) is counted
+//!   once while a member uses it (module `prefix_tree`; module
+//!   `shared_prefix` for hosts that pass prompts' lengths only);
 //! - **ghosts**: a session that left leaves its blocks in the free queue,
 //!   and the engine evicts the least recently freed first, so blocks freed
 //!   after a member's still stand between it and eviction (module
@@ -219,7 +221,7 @@ pub struct WorkingSetStats {
     pub load_tokens: u64,
     /// Capacity in force, tokens (0 while unknown).
     pub capacity_tokens: u64,
-    /// Shared prefix counted once, tokens.
+    /// Shared prefixes, each counted once while a member uses it, tokens.
     pub shared_prefix_tokens: u64,
     /// The refill window, ns.
     pub window_ns: u64,
