@@ -48,7 +48,7 @@ pub struct Options {
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
 pub const JUDGE_POLICIES: &str =
-    "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl,prime-rl,seed-defaults";
+    "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl,prime-rl,prime-rl-cg,seed-defaults";
 
 /// Usage text.
 pub const USAGE: &str = "\
@@ -74,8 +74,12 @@ OPTIONS:
     --out DIR      output root; files go to DIR/<scenario>/ [default: target/kvgate-sim]
     --policies L   comma-separated policies: names from the scenario, or specs such as
                    none, kvgate, kvgate:wm=0.3,hit=0.5,grace=10,poll=0.5, cap-8, ttl-pin:ttl=2,
-                   thunderagent, progress-ttl, prime-rl (prime-rl's adaptive concurrency;
-                   prime-rl:max_len=N sets the engines' max_model_len, default 131072),
+                   thunderagent, progress-ttl, prime-rl (prime-rl's adaptive concurrency as
+                   merged, AIMD; prime-rl:max_len=N sets the engines' max_model_len,
+                   default 131072), prime-rl-cg (prime-rl's cost-model controller at
+                   014aa9d, kappa x KV capacity / learned final episode tokens;
+                   prime-rl-cg:seq_len=N sets its bootstrap cost, default 131072,
+                   batch=N the rollouts per step, default the scenario's RL wave, else 128),
                    seed-defaults (kvgate:mode=reference at the seed's origin defaults: wm
                    0.85, hit 0.80, grace 60 s, poll 5 s), and cap-best (the hindsight-best
                    fixed cap, found by sweeping K)
@@ -88,7 +92,7 @@ OPTIONS:
                    against that seed's hindsight-best cap and the makespan lower bound;
                    writes DIR/judge.{csv,json,md} [default policies: none, kvgate,
                    kvgate:mode=reference, thunderagent, progress-ttl, prime-rl,
-                   seed-defaults]
+                   prime-rl-cg, seed-defaults]
     --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
     --capacity-probe P
                    what the engines tell the gate's capacity probe: full (KV tokens, block
