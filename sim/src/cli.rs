@@ -50,6 +50,10 @@ pub struct Options {
 pub const JUDGE_POLICIES: &str =
     "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl,prime-rl,prime-rl-cg,seed-defaults";
 
+/// What `--judge` judges when `--scenario` is not given: every built-in
+/// scenario without a host tier.
+pub const JUDGE_SCENARIOS: &str = "all";
+
 /// Usage text.
 pub const USAGE: &str = "\
 kvgate-sim: a vLLM replica's prefix cache under an agentic RL rollout, with and without kvgate
@@ -69,7 +73,8 @@ OPTIONS:
                    multi-replica, ...: see sim/scenarios/), a scenario TOML file,
                    `all` (every engine without a host tier), or `tiered` (the
                    engines that offload KV to host memory: h200-tier,
-                   h200-tier-outgrown, mid-tools-tier) [default: thrash]
+                   h200-tier-outgrown, mid-tools-tier) [default: thrash; with
+                   --judge, all]
     --seed N       workload seed [default: the scenario's]
     --out DIR      output root; files go to DIR/<scenario>/ [default: target/kvgate-sim]
     --policies L   comma-separated policies: names from the scenario, or specs such as
@@ -90,9 +95,9 @@ OPTIONS:
                    poll) on the scenario and rank them, instead of the comparison
     --judge        run every policy (compact specs) on every scenario and seed and judge it
                    against that seed's hindsight-best cap and the makespan lower bound;
-                   writes DIR/judge.{csv,json,md} [default policies: none, kvgate,
-                   kvgate:mode=reference, thunderagent, progress-ttl, prime-rl,
-                   prime-rl-cg, seed-defaults]
+                   writes DIR/judge.{csv,json,md} [default scenarios: all; default
+                   policies: none, kvgate, kvgate:mode=reference, thunderagent,
+                   progress-ttl, prime-rl, prime-rl-cg, seed-defaults]
     --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
     --capacity-probe P
                    what the engines tell the gate's capacity probe: full (KV tokens, block
@@ -177,6 +182,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         vary: None,
         noise: None,
     };
+    let mut scenario = None;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -191,7 +197,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         };
         match flag.as_str() {
             "-h" | "--help" => return Ok(None),
-            "--scenario" => o.scenario = value("--scenario")?,
+            "--scenario" => scenario = Some(value("--scenario")?),
             "--seed" => {
                 let v = value("--seed")?;
                 o.seed = Some(
@@ -219,6 +225,14 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
     }
+    // A comparison tells one story; a judgement is over every scenario.
+    o.scenario = scenario.unwrap_or_else(|| {
+        if o.judge {
+            JUDGE_SCENARIOS.to_string()
+        } else {
+            crate::scenario::DEFAULT.to_string()
+        }
+    });
     Ok(Some(o))
 }
 
@@ -290,6 +304,12 @@ mod tests {
         let o = parse(args("--judge --seeds 1-3")).unwrap().unwrap();
         assert!(o.judge);
         assert_eq!(o.seeds, Some(vec![1, 2, 3]));
+        // --judge alone judges every built-in scenario; one named, that one.
+        assert_eq!(o.scenario, "all");
+        let o = parse(args("--judge --scenario thrash")).unwrap().unwrap();
+        assert_eq!(o.scenario, "thrash");
+        let o = parse(args("--scenario=grpo --judge")).unwrap().unwrap();
+        assert_eq!(o.scenario, "grpo");
         let o = parse(args("--seed=3")).unwrap().unwrap();
         assert_eq!(o.seed, Some(3));
         let o = parse(args("--noise jitter=0.5-2,cotenant=300-900"))
