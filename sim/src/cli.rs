@@ -149,8 +149,9 @@ OPTIONS:
                    (replica 0 of several with half the KV blocks, every step-cost term
                    doubled, or lost once a third of the turns ended: its sessions start
                    over elsewhere as new ones, the turns in flight re-sent; a
-                   scenario's `cluster` says the same; progress-ttl and prime-rl do not
-                   model a loss); the varied scenario is named <scenario>~<variation>
+                   scenario's `cluster` says the same; progress-ttl, prime-rl and
+                   prime-rl-cg do not model a loss); the varied scenario is named
+                   <scenario>~<variation>
     --profile P    run every scenario on this engine profile's step costs instead of its
                    own: h200-llama8b, h200-llama8b-fa3, h100-llama8b, h100-llama8b-blis,
                    cpu-small (sim/profiles/), or a profile TOML file
