@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scenarios=(thrash no-pressure retry-storm long-tools multi-replica waves waves-async mixed staggered poisson h200 real-engine mid-tools heavy-tail-tools small-kv decode-heavy compacting elide reasoning single-turn swe-agent claude-code swe-long grpo)
+scenarios=(thrash no-pressure retry-storm long-tools multi-replica waves waves-async mixed staggered poisson h200 real-engine mid-tools heavy-tail-tools small-kv decode-heavy compacting elide reasoning single-turn swe-agent claude-code swe-long grpo swe-steps grpo-16)
 out=target/kvgate-sim-smoke
 rm -rf "$out"
 # Release: every table sweeps caps for cap-best, too slow in a debug build.

@@ -48,7 +48,11 @@ pub struct Options {
 
 /// What `--judge` runs when `--policies` is not given (cap-best is always added).
 pub const JUDGE_POLICIES: &str =
-    "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl,prime-rl,seed-defaults";
+    "none,kvgate,kvgate:mode=reference,thunderagent,progress-ttl,prime-rl,prime-rl-cg,seed-defaults";
+
+/// What `--judge` judges when `--scenario` is not given: every built-in
+/// scenario without a host tier.
+pub const JUDGE_SCENARIOS: &str = "all";
 
 /// Usage text.
 pub const USAGE: &str = "\
@@ -69,13 +73,18 @@ OPTIONS:
                    multi-replica, ...: see sim/scenarios/), a scenario TOML file,
                    `all` (every engine without a host tier), or `tiered` (the
                    engines that offload KV to host memory: h200-tier,
-                   h200-tier-outgrown, mid-tools-tier) [default: thrash]
+                   h200-tier-outgrown, mid-tools-tier) [default: thrash; with
+                   --judge, all]
     --seed N       workload seed [default: the scenario's]
     --out DIR      output root; files go to DIR/<scenario>/ [default: target/kvgate-sim]
     --policies L   comma-separated policies: names from the scenario, or specs such as
                    none, kvgate, kvgate:wm=0.3,hit=0.5,grace=10,poll=0.5, cap-8, ttl-pin:ttl=2,
-                   thunderagent, progress-ttl, prime-rl (prime-rl's adaptive concurrency;
-                   prime-rl:max_len=N sets the engines' max_model_len, default 131072),
+                   thunderagent, progress-ttl, prime-rl (prime-rl's adaptive concurrency as
+                   merged, AIMD; prime-rl:max_len=N sets the engines' max_model_len,
+                   default 131072), prime-rl-cg (prime-rl's cost-model controller at
+                   014aa9d, kappa x KV capacity / learned final episode tokens;
+                   prime-rl-cg:seq_len=N sets its bootstrap cost, default 131072,
+                   batch=N the rollouts per step, default the scenario's RL wave, else 128),
                    seed-defaults (kvgate:mode=reference at the seed's origin defaults: wm
                    0.85, hit 0.80, grace 60 s, poll 5 s), and cap-best (the hindsight-best
                    fixed cap, found by sweeping K)
@@ -86,9 +95,9 @@ OPTIONS:
                    poll) on the scenario and rank them, instead of the comparison
     --judge        run every policy (compact specs) on every scenario and seed and judge it
                    against that seed's hindsight-best cap and the makespan lower bound;
-                   writes DIR/judge.{csv,json,md} [default policies: none, kvgate,
-                   kvgate:mode=reference, thunderagent, progress-ttl, prime-rl,
-                   seed-defaults]
+                   writes DIR/judge.{csv,json,md} [default scenarios: all; default
+                   policies: none, kvgate, kvgate:mode=reference, thunderagent,
+                   progress-ttl, prime-rl, prime-rl-cg, seed-defaults]
     --seeds L      seeds for --judge: 1-5, 1,2,7 or a mix [default: 1-5]
     --capacity-probe P
                    what the engines tell the gate's capacity probe: full (KV tokens, block
@@ -140,8 +149,9 @@ OPTIONS:
                    (replica 0 of several with half the KV blocks, every step-cost term
                    doubled, or lost once a third of the turns ended: its sessions start
                    over elsewhere as new ones, the turns in flight re-sent; a
-                   scenario's `cluster` says the same; progress-ttl and prime-rl do not
-                   model a loss); the varied scenario is named <scenario>~<variation>
+                   scenario's `cluster` says the same; progress-ttl, prime-rl and
+                   prime-rl-cg do not model a loss); the varied scenario is named
+                   <scenario>~<variation>
     --profile P    run every scenario on this engine profile's step costs instead of its
                    own: h200-llama8b, h200-llama8b-fa3, h100-llama8b, h100-llama8b-blis,
                    cpu-small (sim/profiles/), or a profile TOML file
@@ -173,6 +183,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         vary: None,
         noise: None,
     };
+    let mut scenario = None;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -187,7 +198,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
         };
         match flag.as_str() {
             "-h" | "--help" => return Ok(None),
-            "--scenario" => o.scenario = value("--scenario")?,
+            "--scenario" => scenario = Some(value("--scenario")?),
             "--seed" => {
                 let v = value("--seed")?;
                 o.seed = Some(
@@ -215,6 +226,14 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, 
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
     }
+    // A comparison tells one story; a judgement is over every scenario.
+    o.scenario = scenario.unwrap_or_else(|| {
+        if o.judge {
+            JUDGE_SCENARIOS.to_string()
+        } else {
+            crate::scenario::DEFAULT.to_string()
+        }
+    });
     Ok(Some(o))
 }
 
@@ -286,6 +305,12 @@ mod tests {
         let o = parse(args("--judge --seeds 1-3")).unwrap().unwrap();
         assert!(o.judge);
         assert_eq!(o.seeds, Some(vec![1, 2, 3]));
+        // --judge alone judges every built-in scenario; one named, that one.
+        assert_eq!(o.scenario, "all");
+        let o = parse(args("--judge --scenario thrash")).unwrap().unwrap();
+        assert_eq!(o.scenario, "thrash");
+        let o = parse(args("--scenario=grpo --judge")).unwrap().unwrap();
+        assert_eq!(o.scenario, "grpo");
         let o = parse(args("--seed=3")).unwrap().unwrap();
         assert_eq!(o.seed, Some(3));
         let o = parse(args("--noise jitter=0.5-2,cotenant=300-900"))

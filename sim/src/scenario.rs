@@ -12,7 +12,7 @@ use crate::simulation::{CapacityProbe, Deployment, HostFinish, HostPrompt, HostR
 use crate::workload::{secs_to_ns, WorkloadConfig};
 
 /// The built-in scenarios, in the order `--scenario all` runs them.
-pub const BUILT_IN: [(&str, &str); 24] = [
+pub const BUILT_IN: [(&str, &str); 26] = [
     ("thrash", include_str!("../scenarios/thrash.toml")),
     ("no-pressure", include_str!("../scenarios/no-pressure.toml")),
     ("retry-storm", include_str!("../scenarios/retry-storm.toml")),
@@ -48,11 +48,15 @@ pub const BUILT_IN: [(&str, &str); 24] = [
     ("claude-code", include_str!("../scenarios/claude-code.toml")),
     ("swe-long", include_str!("../scenarios/swe-long.toml")),
     ("grpo", include_str!("../scenarios/grpo.toml")),
+    // Several RL steps of long histories, and large GRPO groups with long
+    // tasks: last, so that the rows before them stay as they were.
+    ("swe-steps", include_str!("../scenarios/swe-steps.toml")),
+    ("grpo-16", include_str!("../scenarios/grpo-16.toml")),
 ];
 
 /// The long-history scenarios among [`BUILT_IN`]: coding agents whose
-/// histories reach 100-200k tokens.
-pub const LONG_HISTORY: [&str; 3] = ["swe-agent", "claude-code", "swe-long"];
+/// histories reach 100-200k tokens (`swe-steps`: three RL steps of them).
+pub const LONG_HISTORY: [&str; 4] = ["swe-agent", "claude-code", "swe-long", "swe-steps"];
 
 /// Scenarios whose engines offload KV to a host tier (`--scenario
 /// tiered`): kept apart from [`BUILT_IN`], whose figures are the judge's
@@ -416,6 +420,41 @@ mod tests {
                 assert!(total >= 3 * kv, "{name} {seed}");
                 assert!(last[last.len() - 1] < kv, "{name} {seed}");
             }
+        }
+    }
+
+    #[test]
+    fn multi_step_and_large_group_scenarios_have_their_shape() {
+        // swe-steps: three successive RL steps of 12, each starting as the
+        // last ends.
+        let s = Scenario::load("swe-steps").unwrap();
+        let w = crate::workload::Workload::generate(&s.workload, 16, 1);
+        assert_eq!(w.sessions.len(), 36);
+        assert_eq!(w.wave_sessions(), Some(12));
+        assert_eq!(
+            w.sessions[12].start,
+            crate::workload::Start::AfterFinishes { wave: 0, count: 12 }
+        );
+        // grpo-16: 8 tasks x 16 samples on the H200 profile, 4-10k-token
+        // tasks, 20-50 turns, final histories ~8x the cache.
+        let g = Scenario::load("grpo-16").unwrap();
+        assert!(
+            g.cost_source.starts_with("profile h200-llama8b"),
+            "{}",
+            g.cost_source
+        );
+        assert_eq!((g.workload.sessions, g.workload.group_size), (128, 16));
+        assert_eq!((g.workload.turns.min, g.workload.turns.max), (20, 50));
+        let kv = g.deployment.engine.capacity_tokens();
+        for seed in 1..=5 {
+            let w = crate::workload::Workload::generate(&g.workload, 16, seed);
+            assert_eq!(w.sessions.iter().map(|x| x.group).max(), Some(7));
+            // A group's first prompts: the 2k system prompt and its task.
+            let task = w.sessions[0].turns[0].prompt_len - g.workload.system_prompt_tokens;
+            assert!((4000..=10000).contains(&task), "{seed}: {task}");
+            let total: usize = w.sessions.iter().map(|x| x.max_request_tokens()).sum();
+            let ratio = total as f64 / kv as f64;
+            assert!((7.5..8.5).contains(&ratio), "{seed}: {ratio:.2}x");
         }
     }
 

@@ -19,6 +19,7 @@ use crate::events::EventQueue;
 use crate::metrics::{RunResult, TurnRecord};
 use crate::policy::gate::{Action, GateDriver, ProbeKind};
 use crate::policy::prime_rl::PrimeRl;
+use crate::policy::prime_rl_cg::{Episode, PrimeRlCg};
 use crate::policy::program::{EngineView, ProgramScheduler};
 use crate::policy::progress_ttl::ProgressTtl;
 use crate::policy::router::{self, Router};
@@ -412,6 +413,25 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
             deployment.engine.capacity_tokens(),
             deployment.replicas,
             n,
+        ))),
+        PolicyKind::PrimeRlCg(c) => Some(Box::new(PrimeRlCg::new(
+            *c,
+            // C is GPU KV only, as prime-rl reads `cache_config_info`.
+            &(0..deployment.replicas)
+                .map(|r| {
+                    let e = deployment.engine_of(r);
+                    e.num_gpu_blocks * e.block_size
+                })
+                .collect::<Vec<_>>(),
+            workload
+                .sessions
+                .iter()
+                .map(|s| Episode {
+                    env: s.class,
+                    group: s.group,
+                })
+                .collect(),
+            workload.wave_sessions(),
         ))),
         PolicyKind::ProgressTtl(c) => Some(Box::new(ProgressTtl::new(
             *c,
@@ -809,7 +829,10 @@ impl Sim<'_> {
                     self.cap_queue.push_back(s);
                 }
             }
-            PolicyKind::ThunderAgent(_) | PolicyKind::ProgressTtl(_) | PolicyKind::PrimeRl(_) => {
+            PolicyKind::ThunderAgent(_)
+            | PolicyKind::ProgressTtl(_)
+            | PolicyKind::PrimeRl(_)
+            | PolicyKind::PrimeRlCg(_) => {
                 self.route(s);
                 let prompt_len = self.workload.sessions[s].turns[self.sessions[s].turn].prompt_len;
                 let routed = self.sessions[s].replica.expect("routed");

@@ -542,6 +542,8 @@ pub struct Session {
     pub start: Start,
     /// Its RL wave (0 unless arrivals come in waves).
     pub wave: usize,
+    /// Its GRPO group (its own, numbered in session order, without groups).
+    pub group: usize,
 }
 
 impl Session {
@@ -649,6 +651,7 @@ impl Workload {
                     class,
                     start,
                     wave,
+                    group: groups[i],
                 }
             })
             .collect();
@@ -673,6 +676,13 @@ impl Workload {
             .flat_map(|s| &s.turns)
             .map(|t| t.prompt_len as u64)
             .sum()
+    }
+
+    /// Sessions in the first RL wave, where arrivals come in several
+    /// waves (one RL step's rollouts); `None` otherwise.
+    pub fn wave_sessions(&self) -> Option<usize> {
+        let waves = self.sessions.iter().map(|s| s.wave).max()?;
+        (waves > 0).then(|| self.sessions.iter().filter(|s| s.wave == 0).count())
     }
 
     /// Largest request of any session.
@@ -908,6 +918,8 @@ mod tests {
         });
         assert_eq!(c.groups(), [0, 0, 0, 1, 1, 1, 2, 3, 3]);
         let w = Workload::generate(&c, 16, 5);
+        let groups: Vec<usize> = w.sessions.iter().map(|s| s.group).collect();
+        assert_eq!(groups, c.groups(), "each session carries its group");
         // Full blocks of the first prompt (system and task), and the block
         // where the first output begins.
         let first = |i: usize| w.sessions[i].turns[0].prompt_len;
@@ -1008,6 +1020,8 @@ mod tests {
             Start::AfterFinishes { wave: 0, count: 2 }
         );
         assert_eq!((w.sessions[2].wave, w.sessions[3].wave), (0, 1));
+        assert_eq!(w.wave_sessions(), Some(3), "one RL step's rollouts");
+        assert_eq!(b.wave_sessions(), None, "no waves");
     }
 
     #[test]

@@ -156,6 +156,7 @@ fn no_policy_beats_the_bound() {
         "thunderagent",
         "progress-ttl",
         "prime-rl",
+        "prime-rl-cg",
         "seed-defaults",
     ];
     let mut cases: Vec<(Scenario, Vec<&str>)> = vec![(small, specs.to_vec())];

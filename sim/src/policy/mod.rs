@@ -11,8 +11,12 @@
 //!   TTL after each turn (see `engine::pins`); no admission control.
 //! - `thunderagent`: ThunderAgent's program scheduler ([`thunderagent`]).
 //! - `progress-ttl`: vllm-router's Progress-TTL scheduler ([`progress_ttl`]).
-//! - `prime-rl`: prime-rl's adaptive concurrency ([`prime_rl`]): a cap on
-//!   episodes in flight, sized and moved from the engines' metrics.
+//! - `prime-rl`: prime-rl's adaptive concurrency as merged on its main
+//!   ([`prime_rl`]): a cap on episodes in flight, moved by the engines'
+//!   metrics (AIMD).
+//! - `prime-rl-cg`: prime-rl's cost-model controller ([`prime_rl_cg`],
+//!   commit 014aa9d): the cap is `κ · C / G`, the engines' KV over the
+//!   learned final size of an episode.
 //! - `seed-defaults`: the seed's design (`kvgate` in reference mode) at
 //!   the defaults its origin project ships: watermark 0.85, hit threshold
 //!   0.80, idle grace 60 s, poll 5 s, pinned here whatever the library's
@@ -23,6 +27,7 @@
 
 pub mod gate;
 pub mod prime_rl;
+pub mod prime_rl_cg;
 pub mod program;
 pub mod progress_ttl;
 pub mod router;
@@ -58,8 +63,10 @@ pub enum PolicyKind {
     ThunderAgent(thunderagent::ThunderAgentConfig),
     /// vllm-router's Progress-TTL program scheduler.
     ProgressTtl(progress_ttl::ProgressTtlConfig),
-    /// prime-rl's adaptive cap on episodes in flight.
+    /// prime-rl's adaptive cap on episodes in flight (main's AIMD).
     PrimeRl(prime_rl::PrimeRlConfig),
+    /// prime-rl's cost-model cap, `κ · C / G`.
+    PrimeRlCg(prime_rl_cg::PrimeRlCgConfig),
 }
 
 /// Which replica the gate's probes ask.
@@ -127,13 +134,20 @@ impl Policy {
                 c.max_model_len,
                 c.poll_ns as f64 / 1e9
             ),
+            PolicyKind::PrimeRlCg(c) => format!(
+                "prime-rl cost-model concurrency (014aa9d): episodes in flight capped at kappa x KV capacity / EWMA of final episode tokens (bootstrap seq_len {}), floor the group size; kappa 1 after the warm-up step, x1.02 per clear binding step, x0.75 cut on preemptions (x0.5 until a clear step); step = {} rollouts; metrics every {} s",
+                c.seq_len,
+                c.batch
+                    .map_or("the scenario's wave, else 128".to_string(), |b| b.to_string()),
+                c.poll_ns as f64 / 1e9
+            ),
         }
     }
 
     /// Parses the compact form used on the command line:
     /// `none`, `kvgate`, `kvgate:wm=0.3,hit=0.6,grace=5,poll=0.5`, `cap-8`,
     /// `ttl-pin`, `ttl-pin:ttl=3`, `prime-rl`, `prime-rl:max_len=32768`,
-    /// `seed-defaults`. The name is the text itself.
+    /// `prime-rl-cg`, `prime-rl-cg:seq_len=65536,batch=64`, `seed-defaults`. The name is the text itself.
     pub fn parse(spec: &str) -> Result<Self, String> {
         if spec == SEED_DEFAULTS {
             return PolicyEntry {
@@ -186,6 +200,8 @@ impl Policy {
                 "ttl" | "ttl_s" => entry.ttl_s = Some(num(v)?),
                 "sessions" => entry.sessions = Some(num(v)? as usize),
                 "max_len" | "max_model_len" => entry.max_model_len = Some(num(v)? as usize),
+                "seq_len" => entry.seq_len = Some(num(v)? as usize),
+                "batch" => entry.batch = Some(num(v)? as usize),
                 "probe" => entry.probe = Some(v.to_string()),
                 // Any other kvgate key passes through to `kvgate_knob`.
                 other if entry.kind == "kvgate" => {
@@ -207,7 +223,8 @@ pub const SEED_DEFAULTS: &str = "seed-defaults";
 pub struct PolicyEntry {
     /// Label; defaults to the kind (and K for caps).
     pub name: Option<String>,
-    /// `none`, `kvgate`, `cap`, `ttl-pin`, `thunderagent` or `progress-ttl`.
+    /// `none`, `kvgate`, `cap`, `ttl-pin`, `thunderagent`, `progress-ttl`,
+    /// `prime-rl` or `prime-rl-cg`.
     pub kind: String,
     /// kvgate: high watermark.
     pub high_watermark: Option<f64>,
@@ -225,6 +242,10 @@ pub struct PolicyEntry {
     pub probe: Option<String>,
     /// prime-rl: the engines' `max_model_len`, tokens.
     pub max_model_len: Option<usize>,
+    /// prime-rl-cg: the bootstrap cost (`seq_len`), tokens.
+    pub seq_len: Option<usize>,
+    /// prime-rl-cg: rollouts per step.
+    pub batch: Option<usize>,
     /// kvgate: further knobs by name (`knobs = { mode = "..." }` in a
     /// scenario file; any other `key=value` in a `kvgate:` spec), applied
     /// by [`kvgate_knob`].
@@ -265,6 +286,9 @@ impl PolicyEntry {
         };
         if self.max_model_len.is_some() && self.kind != "prime-rl" {
             return stray("max_model_len");
+        }
+        if (self.seq_len.is_some() || self.batch.is_some()) && self.kind != "prime-rl-cg" {
+            return stray("seq_len/batch");
         }
         let kind = match self.kind.as_str() {
             "none" => {
@@ -346,6 +370,24 @@ impl PolicyEntry {
                 }
                 PolicyKind::PrimeRl(prime_rl::PrimeRlConfig { max_model_len, ..d })
             }
+            "prime-rl-cg" => {
+                if gate_knobs || self.sessions.is_some() || self.ttl_s.is_some() {
+                    return stray("a gate knob/sessions/ttl_s");
+                }
+                let d = prime_rl_cg::PrimeRlCgConfig::default();
+                let seq_len = self.seq_len.unwrap_or(d.seq_len);
+                if seq_len == 0 || self.batch == Some(0) {
+                    return Err(format!(
+                        "policy `{}`: seq_len and batch must be > 0",
+                        self.label()
+                    ));
+                }
+                PolicyKind::PrimeRlCg(prime_rl_cg::PrimeRlCgConfig {
+                    seq_len,
+                    batch: self.batch,
+                    ..d
+                })
+            }
             "thunderagent" | "progress-ttl" => {
                 if gate_knobs || self.sessions.is_some() || self.ttl_s.is_some() {
                     return stray("a parameter");
@@ -358,7 +400,7 @@ impl PolicyEntry {
             }
             other => {
                 return Err(format!(
-                    "unknown policy kind `{other}` (none, kvgate, cap, ttl-pin, thunderagent, progress-ttl, prime-rl)"
+                    "unknown policy kind `{other}` (none, kvgate, cap, ttl-pin, thunderagent, progress-ttl, prime-rl, prime-rl-cg)"
                 ))
             }
         };
@@ -430,6 +472,18 @@ mod tests {
             panic!()
         };
         assert_eq!(p.max_model_len, 8192);
+        let PolicyKind::PrimeRlCg(p) = Policy::parse("prime-rl-cg").unwrap().kind else {
+            panic!()
+        };
+        assert_eq!(p, prime_rl_cg::PrimeRlCgConfig::default());
+        assert_eq!((p.seq_len, p.batch, p.max_inflight), (131_072, None, None));
+        let PolicyKind::PrimeRlCg(p) = Policy::parse("prime-rl-cg:seq_len=65536,batch=64")
+            .unwrap()
+            .kind
+        else {
+            panic!()
+        };
+        assert_eq!((p.seq_len, p.batch), (65_536, Some(64)));
         // The seed's design at its origin's defaults, pinned by name.
         let seed = Policy::parse("seed-defaults").unwrap();
         assert_eq!(seed.name, "seed-defaults");
@@ -459,6 +513,10 @@ mod tests {
             "thunderagent:ttl=1",
             "prime-rl:max_len=0",
             "prime-rl:wm=0.5",
+            "prime-rl:seq_len=4096",
+            "prime-rl-cg:seq_len=0",
+            "prime-rl-cg:batch=0",
+            "prime-rl-cg:max_len=4096",
             "kvgate:max_len=100",
         ] {
             assert!(Policy::parse(bad).is_err(), "{bad}");
