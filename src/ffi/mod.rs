@@ -26,7 +26,8 @@
 //! (what the C ABI drives on a gate beyond the blocking acquire). Exports by
 //! C "class": `version`, `names` (of statuses and reasons, and the last
 //! error), `config`, `gate`, `stats`, `waker` (the wake channel of
-//! event-loop attempts, and the `Waker` behind it; its bell in `doorbell`),
+//! event-loop attempts, and the `Waker` behind it, whose bell is
+//! `crate::sync`'s `Doorbell`),
 //! `event_loop` (attempts driven step by step, the gate's timer).
 
 // The C names are the contract (`kvgate_status`, `KVGATE_OK`, ...): spelling
@@ -58,8 +59,6 @@ mod event_loop;
 mod rebuild_cost;
 
 // Plumbing.
-#[cfg(not(loom))]
-pub(crate) mod doorbell;
 mod driver;
 mod gate_handle;
 mod handles;
