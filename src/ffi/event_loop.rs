@@ -21,7 +21,6 @@
 
 use std::time::Duration;
 
-use super::driver::{GateCore, TurnPrompt};
 use super::error::{Failure, SessionName};
 use super::gate::{acquire_failure, kvgate_admission, register_lease};
 use super::gate_handle::GateHandle;
@@ -30,6 +29,7 @@ use super::panic::{ffi_boundary, ffi_status};
 use super::status::{kvgate_reason, kvgate_status};
 use super::waker::{TagNotifier, Waker};
 use crate::core::{Attempt, Core, Step, StepError};
+use crate::driver::{GateCore, TurnPrompt};
 use crate::sync::{Arc, Mutex};
 use crate::{EngineCapacity, KvTier, TierError};
 

@@ -1,8 +1,9 @@
-//! What the C ABI drives on a [`Gate`] beyond the blocking acquire:
-//! event-loop attempts that outlive one call ([`GateCore`],
-//! [`Gate::begin_attempt`]), the gate's clock and timer, the core that
-//! checks a host's answers, and lease tokens the handle's registry holds.
-//! The blocking driver (`src/gate.rs`) knows none of it.
+//! The crate's API for a host that drives attempts itself, beyond the
+//! blocking acquire (the C ABI's event loop, `src/ffi/event_loop.rs`):
+//! attempts that outlive one call ([`GateCore`], [`Gate::begin_attempt`]),
+//! the gate's clock and timer, and bare lease tokens for a holder that
+//! keeps the gate alive itself. The blocking driver (`src/gate.rs`) knows
+//! none of it.
 
 use std::fmt;
 use std::ops::Deref;
