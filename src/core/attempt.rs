@@ -25,7 +25,7 @@ use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::time::Duration;
 
-use super::ledger::{EngineAnswers, Grants, SessionId, Turn};
+use super::ledger::{EngineAnswers, Grants, Turn};
 use super::policy::Policy;
 use super::prompt::PromptSketch;
 use super::reason::Reason;
@@ -603,9 +603,9 @@ impl Machine {
                     capacity: self.capacity,
                     says_tier: self.says_tier,
                 };
-                let id = SessionId::of(&self.key);
+                let key = &self.key;
                 let (verdict, stay, grants) =
-                    ledger.request(&id, self.prompt_len, self.sketch.as_ref(), engine, now);
+                    ledger.request(key, self.prompt_len, self.sketch.as_ref(), engine, now);
                 (working_set_decision(verdict), Some(stay), grants)
             }
         }

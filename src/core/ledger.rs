@@ -6,62 +6,20 @@
 //! attempt decides under its session's shard lock), never the other way
 //! round; grants are handed over after the ledger's lock is dropped.
 
-use std::hash::{Hash, Hasher};
-use std::sync::Arc as StdArc;
-
 use super::prompt::PromptSketch;
+use super::sessions::SessionKey;
 use super::timers::NEVER;
 use super::working_set::{
     EngineCapacity, RebuildCost, TierError, TurnReport, Verdict, WorkingSet, WorkingSetStats,
 };
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
-/// A session as the ledger knows it: by its id's bytes (not by its record,
-/// which retention may drop and recreate while the session is still in the
-/// working set), with the table's precomputed hash.
-#[derive(Debug, Clone)]
-pub(crate) struct SessionId {
-    pub(crate) hash: u64,
-    pub(crate) bytes: StdArc<[u8]>,
-}
-
-impl SessionId {
-    pub(crate) fn of(key: &super::sessions::SessionKey) -> Self {
-        Self::from(key.clone())
-    }
-}
-
-impl From<super::sessions::SessionKey> for SessionId {
-    /// The key's id, taking its bytes (no reference count to bump).
-    fn from(key: super::sessions::SessionKey) -> Self {
-        Self {
-            hash: key.hash,
-            bytes: key.bytes,
-        }
-    }
-}
-
-impl PartialEq for SessionId {
-    fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash
-            && (StdArc::ptr_eq(&self.bytes, &other.bytes) || self.bytes == other.bytes)
-    }
-}
-
-impl Eq for SessionId {}
-
-impl Hash for SessionId {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash);
-    }
-}
-
 /// What a change to the working set asks of the core: the sessions it let
 /// in (to be woken through their records), and whether its next deadline
 /// moved earlier (a sleeper that folded the old one in must ask again).
 #[derive(Debug, Default)]
 pub(crate) struct Grants {
-    pub(crate) sessions: Vec<(SessionId, Verdict)>,
+    pub(crate) sessions: Vec<(SessionKey, Verdict)>,
     pub(crate) deadline_earlier: bool,
 }
 
@@ -93,7 +51,7 @@ pub(crate) struct EngineAnswers {
 
 #[derive(Debug)]
 pub(crate) struct Ledger {
-    set: Mutex<WorkingSet<SessionId>>,
+    set: Mutex<WorkingSet<SessionKey>>,
     /// `WorkingSet::next_deadline` as of the last change, or [`NEVER`].
     deadline: AtomicU64,
     /// Engine answers and turn reports a surface refused before they
@@ -103,7 +61,7 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
-    pub(crate) fn new(set: WorkingSet<SessionId>) -> Self {
+    pub(crate) fn new(set: WorkingSet<SessionKey>) -> Self {
         Self {
             set: Mutex::new(set),
             deadline: AtomicU64::new(NEVER),
@@ -118,7 +76,7 @@ impl Ledger {
     fn change<R>(
         &self,
         now: u64,
-        change: impl FnOnce(&mut WorkingSet<SessionId>) -> R,
+        change: impl FnOnce(&mut WorkingSet<SessionKey>) -> R,
     ) -> (R, Grants) {
         let mut set = self.set.lock();
         let result = change(&mut set);
@@ -135,7 +93,7 @@ impl Ledger {
     /// set the turn belongs to (`WorkingSet::membership`; 0 if it waits).
     pub(crate) fn request(
         &self,
-        id: &SessionId,
+        key: &SessionKey,
         prompt_len: usize,
         sketch: Option<&PromptSketch>,
         engine: EngineAnswers,
@@ -149,8 +107,8 @@ impl Ledger {
             if let Some(usage) = engine.usage {
                 set.observe_usage(usage);
             }
-            let verdict = set.request_sketched(id, prompt_len as u64, sketch, now);
-            (verdict, set.membership(id))
+            let verdict = set.request_sketched(key, prompt_len as u64, sketch, now);
+            (verdict, set.membership(key))
         });
         (verdict, stay, grants)
     }
@@ -159,7 +117,7 @@ impl Ledger {
     /// answered it.
     pub(crate) fn release(
         &self,
-        id: &SessionId,
+        key: &SessionKey,
         stay: u64,
         turn: Turn,
         report: TurnReport,
@@ -167,7 +125,7 @@ impl Ledger {
     ) -> Grants {
         self.change(now, |set| {
             set.release_of(
-                id,
+                key,
                 turn.prompt_len as u64,
                 report,
                 turn.admitted_at,
@@ -179,28 +137,28 @@ impl Ledger {
     }
 
     /// The session's waiting attempt is gone.
-    pub(crate) fn withdraw(&self, id: &SessionId, now: u64) -> Grants {
+    pub(crate) fn withdraw(&self, key: &SessionKey, now: u64) -> Grants {
         self.change(now, |set| {
-            set.withdraw(id);
+            set.withdraw(key);
             set.expire(now);
         })
         .1
     }
 
     /// The session ended.
-    pub(crate) fn finish(&self, id: &SessionId, now: u64) -> Grants {
+    pub(crate) fn finish(&self, key: &SessionKey, now: u64) -> Grants {
         self.change(now, |set| {
-            set.finish(id, now);
+            set.finish(key, now);
             set.expire(now);
         })
         .1
     }
 
     /// The core no longer tracks the session: forget what was learned of it.
-    pub(crate) fn forget(&self, id: &SessionId, now: u64) -> Grants {
+    pub(crate) fn forget(&self, key: &SessionKey, now: u64) -> Grants {
         self.change(now, |set| {
-            if !set.is_member(id) && !set.is_waiting(id) {
-                set.forget(id, now);
+            if !set.is_member(key) && !set.is_waiting(key) {
+                set.forget(key, now);
             }
             set.expire(now);
         })
