@@ -54,9 +54,9 @@ pub(crate) struct Ledger {
     set: Mutex<WorkingSet<SessionKey>>,
     /// `WorkingSet::next_deadline` as of the last change, or [`NEVER`].
     deadline: AtomicU64,
-    /// Engine answers and turn reports a surface refused before they
-    /// reached the set ([`Ledger::count_refused`]); added to the set's own
-    /// `refused_answers` in [`Ledger::stats`].
+    /// Engine answers and turn reports refused before they reached the set
+    /// ([`Ledger::count_refused`], [`Ledger::take_answer`]); added to the
+    /// set's own `refused_answers` in [`Ledger::stats`].
     refused_outside: AtomicU64,
 }
 
@@ -194,18 +194,32 @@ impl Ledger {
         grants
     }
 
-    /// Counts an answer or report refused before it reached the set.
+    /// Counts a report refused before it reached the set.
     pub(crate) fn count_refused(&self) {
         self.refused_outside.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Whether an engine answer is consistent with the earlier ones
-    /// (`WorkingSet::check_engine`).
-    pub(crate) fn check_engine(
+    /// An engine answer its host must hear refused, checked where it is
+    /// recorded (`WorkingSet::set_engine_answer`; only checked unless
+    /// `record`), under one lock. `answer` is what the host's figures made
+    /// of it: `Err`, refused in itself; `Ok(None)`, nothing to record. A
+    /// refusal is counted and changes nothing.
+    pub(crate) fn take_answer(
         &self,
-        engine: &EngineCapacity,
-        says_tier: bool,
+        answer: Result<Option<EngineCapacity>, TierError>,
+        record: bool,
     ) -> Result<(), TierError> {
-        self.set.lock().check_engine(engine, says_tier)
+        let refused = match answer {
+            Ok(None) => return Ok(()),
+            Ok(Some(capacity)) if record => {
+                return self.set.lock().set_engine_answer(capacity, true);
+            }
+            Ok(Some(capacity)) => self.set.lock().check_engine(&capacity, true),
+            Err(err) => Err(err),
+        };
+        if refused.is_err() {
+            self.count_refused();
+        }
+        refused
     }
 }
