@@ -358,7 +358,7 @@ pub unsafe extern "C" fn kvgate_release_with_tier_report(
         Err(err) => ffi_status(function, || {
             // SAFETY: forwarded (caller).
             let handle = unsafe { handles::gate_ref(gate, "gate") }?;
-            handle.gate.core().count_refused_report();
+            handle.gate.count_refused_report();
             Err(Failure::invalid(err.to_string()))
         }),
     }
