@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every loom model (tests/loom_*.rs) against the real code compiled
-# with its loom twins (src/sync.rs). Bounds, and why they suffice, are in
+# with its loom twins (src/sync/). Bounds, and why they suffice, are in
 # the header of each model file; override any LOOM_* variable to explore
 # further, e.g. LOOM_MAX_PREEMPTIONS=3 ./scripts/loom.sh.
 set -euo pipefail

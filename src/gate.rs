@@ -10,8 +10,8 @@ use crate::config::{duration_ns, Config, ConfigError};
 use crate::core::{Attempt, Core, GateStats, LeaseToken, PromptSketch, SessionStats, Step, Waiter};
 use crate::error::AcquireError;
 use crate::lease::Lease;
-use crate::probe::Probe;
-use crate::shared::{Shared, TierProbe};
+use crate::probe::{EngineProbe, Probe};
+use crate::shared::Shared;
 use crate::sleeper::{Sleeper, SleeperHandle};
 use crate::sync::Arc;
 use crate::watch::DeadlineWatch;
@@ -113,16 +113,15 @@ impl Gate {
         probe: impl Probe + 'static,
         clock: impl Clock + 'static,
     ) -> Result<Self, ConfigError> {
-        Self::with_parts(config, Box::new(probe), None, Box::new(clock))
+        Self::with_parts(config, Box::new(probe), Box::new(clock))
     }
 
-    /// A gate from its parts: the C ABI passes its tier probe here
-    /// (`kvgate_config_set_tier_probe`); a Rust host tells its tier with
-    /// the capacity answer and passes none.
+    /// A gate from its parts: the C ABI passes its probes here, which may
+    /// speak of a host tier (`kvgate_config_set_tier_probe`); a Rust host
+    /// tells its tier with the capacity answer.
     pub(crate) fn with_parts(
         config: Config,
-        probe: Box<dyn Probe>,
-        tier_probe: Option<Box<dyn TierProbe>>,
+        probe: Box<dyn EngineProbe>,
         clock: Box<dyn Clock>,
     ) -> Result<Self, ConfigError> {
         Ok(Self {
@@ -130,7 +129,6 @@ impl Gate {
                 core: Core::new(config)?,
                 watch: DeadlineWatch::new(),
                 probe,
-                tier_probe,
                 clock,
             }),
         })

@@ -100,6 +100,7 @@
 mod clock;
 mod config;
 pub mod core;
+mod driver;
 mod error;
 pub mod ffi;
 mod gate;

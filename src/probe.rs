@@ -1,6 +1,7 @@
 //! The engine probes the gate asks before admitting a turn under pressure.
 
 pub use crate::core::working_set::EngineCapacity;
+use crate::core::working_set::KvTier;
 
 /// Answers the gate's two questions about the engine.
 ///
@@ -48,6 +49,41 @@ impl<P: Probe + ?Sized> Probe for std::sync::Arc<P> {
 
     fn kv_cache_capacity(&self, session: &[u8]) -> Option<EngineCapacity> {
         (**self).kv_cache_capacity(session)
+    }
+}
+
+/// The engine's probes as a gate holds them: a Rust host's [`Probe`], or
+/// the C ABI's probes, which may also speak of a host tier. Crate-internal,
+/// so that [`Probe`] keeps the one way a Rust host tells its tier (with
+/// the capacity, [`EngineCapacity::with_tier`]).
+pub(crate) trait EngineProbe: Send + Sync {
+    /// [`Probe::kv_cache_usage`].
+    fn kv_cache_usage(&self, session: &[u8]) -> Option<f64>;
+    /// [`Probe::prefix_hit_ratio`].
+    fn prefix_hit_ratio(&self, session: &[u8], prompt: &[u32]) -> Option<f64>;
+    /// [`Probe::kv_cache_capacity`].
+    fn kv_cache_capacity(&self, session: &[u8]) -> Option<EngineCapacity>;
+    /// The engine's host tier, asked right after the capacity, from a
+    /// probe that speaks of tiers: the tier as the host told it, unchecked
+    /// (`Some(None)`: the engine has none). `None`: this probe never
+    /// speaks of tiers.
+    fn kv_tier(&self, session: &[u8]) -> Option<Option<KvTier>> {
+        let _ = session;
+        None
+    }
+}
+
+impl<P: Probe + ?Sized> EngineProbe for P {
+    fn kv_cache_usage(&self, session: &[u8]) -> Option<f64> {
+        Probe::kv_cache_usage(self, session)
+    }
+
+    fn prefix_hit_ratio(&self, session: &[u8], prompt: &[u32]) -> Option<f64> {
+        Probe::prefix_hit_ratio(self, session, prompt)
+    }
+
+    fn kv_cache_capacity(&self, session: &[u8]) -> Option<EngineCapacity> {
+        Probe::kv_cache_capacity(self, session)
     }
 }
 

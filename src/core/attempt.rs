@@ -25,7 +25,7 @@ use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::time::Duration;
 
-use super::ledger::{EngineAnswers, Grants, SessionId, Turn};
+use super::ledger::{EngineAnswers, Grants, Turn};
 use super::policy::Policy;
 use super::prompt::PromptSketch;
 use super::reason::Reason;
@@ -33,7 +33,7 @@ use super::reference::{decide, Decision, Facts};
 use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
 use super::waiters::{Enqueued, Notify, Waiter, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
-use super::working_set::{EngineCapacity, Verdict};
+use super::working_set::{EngineCapacity, TierError, Verdict};
 use super::Core;
 use crate::error::AcquireError;
 use crate::probe::ProbeAnswer;
@@ -325,6 +325,28 @@ impl<C: Deref<Target = Core>> Attempt<C> {
         Ok(self.machine.on_usage(&self.core, usage, now))
     }
 
+    /// As [`Attempt::on_cache_state`], from a host that must hear of a
+    /// refused answer before its attempt moves on (the C ABI's event loop):
+    /// the capacity as the host's figures made it (`Err`: refused in
+    /// itself), speaking of a tier, so none after one was told is refused.
+    /// The answer is checked where it is recorded ([`Core::take_engine_answer`]):
+    /// a refused one is counted there, changes nothing and is refused here
+    /// (the outer `Err`) whatever the attempt's step, which it stays at.
+    pub(crate) fn on_told_answers(
+        &mut self,
+        usage: Option<f64>,
+        capacity: Result<Option<EngineCapacity>, TierError>,
+        now: u64,
+    ) -> Result<Result<Step, StepError>, TierError> {
+        // Recorded by the step that takes it while the attempt may still
+        // decide on it (what `Machine::decide` checks before it asks the
+        // policy, which would record it); any other call only checks it.
+        let takes_it =
+            self.machine.phase == Phase::AwaitUsage && self.machine.fate(&self.core).is_none();
+        self.core.take_engine_answer(capacity, takes_it)?;
+        Ok(self.on_cache_state(usage, None, now))
+    }
+
     /// Feeds the prefix probe's raw answer, received at `now`.
     pub fn on_prefix(&mut self, raw: Option<f64>, now: u64) -> Result<Step, StepError> {
         self.machine.expect(Phase::AwaitPrefix, "on_prefix", now)?;
@@ -603,9 +625,9 @@ impl Machine {
                     capacity: self.capacity,
                     says_tier: self.says_tier,
                 };
-                let id = SessionId::of(&self.key);
+                let key = &self.key;
                 let (verdict, stay, grants) =
-                    ledger.request(&id, self.prompt_len, self.sketch.as_ref(), engine, now);
+                    ledger.request(key, self.prompt_len, self.sketch.as_ref(), engine, now);
                 (working_set_decision(verdict), Some(stay), grants)
             }
         }

@@ -6,62 +6,20 @@
 //! attempt decides under its session's shard lock), never the other way
 //! round; grants are handed over after the ledger's lock is dropped.
 
-use std::hash::{Hash, Hasher};
-use std::sync::Arc as StdArc;
-
 use super::prompt::PromptSketch;
+use super::sessions::SessionKey;
 use super::timers::NEVER;
 use super::working_set::{
     EngineCapacity, RebuildCost, TierError, TurnReport, Verdict, WorkingSet, WorkingSetStats,
 };
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
-/// A session as the ledger knows it: by its id's bytes (not by its record,
-/// which retention may drop and recreate while the session is still in the
-/// working set), with the table's precomputed hash.
-#[derive(Debug, Clone)]
-pub(crate) struct SessionId {
-    pub(crate) hash: u64,
-    pub(crate) bytes: StdArc<[u8]>,
-}
-
-impl SessionId {
-    pub(crate) fn of(key: &super::sessions::SessionKey) -> Self {
-        Self::from(key.clone())
-    }
-}
-
-impl From<super::sessions::SessionKey> for SessionId {
-    /// The key's id, taking its bytes (no reference count to bump).
-    fn from(key: super::sessions::SessionKey) -> Self {
-        Self {
-            hash: key.hash,
-            bytes: key.bytes,
-        }
-    }
-}
-
-impl PartialEq for SessionId {
-    fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash
-            && (StdArc::ptr_eq(&self.bytes, &other.bytes) || self.bytes == other.bytes)
-    }
-}
-
-impl Eq for SessionId {}
-
-impl Hash for SessionId {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash);
-    }
-}
-
 /// What a change to the working set asks of the core: the sessions it let
 /// in (to be woken through their records), and whether its next deadline
 /// moved earlier (a sleeper that folded the old one in must ask again).
 #[derive(Debug, Default)]
 pub(crate) struct Grants {
-    pub(crate) sessions: Vec<(SessionId, Verdict)>,
+    pub(crate) sessions: Vec<(SessionKey, Verdict)>,
     pub(crate) deadline_earlier: bool,
 }
 
@@ -93,17 +51,17 @@ pub(crate) struct EngineAnswers {
 
 #[derive(Debug)]
 pub(crate) struct Ledger {
-    set: Mutex<WorkingSet<SessionId>>,
+    set: Mutex<WorkingSet<SessionKey>>,
     /// `WorkingSet::next_deadline` as of the last change, or [`NEVER`].
     deadline: AtomicU64,
-    /// Engine answers and turn reports a surface refused before they
-    /// reached the set ([`Ledger::count_refused`]); added to the set's own
-    /// `refused_answers` in [`Ledger::stats`].
+    /// Engine answers and turn reports refused before they reached the set
+    /// ([`Ledger::count_refused`], [`Ledger::take_answer`]); added to the
+    /// set's own `refused_answers` in [`Ledger::stats`].
     refused_outside: AtomicU64,
 }
 
 impl Ledger {
-    pub(crate) fn new(set: WorkingSet<SessionId>) -> Self {
+    pub(crate) fn new(set: WorkingSet<SessionKey>) -> Self {
         Self {
             set: Mutex::new(set),
             deadline: AtomicU64::new(NEVER),
@@ -118,7 +76,7 @@ impl Ledger {
     fn change<R>(
         &self,
         now: u64,
-        change: impl FnOnce(&mut WorkingSet<SessionId>) -> R,
+        change: impl FnOnce(&mut WorkingSet<SessionKey>) -> R,
     ) -> (R, Grants) {
         let mut set = self.set.lock();
         let result = change(&mut set);
@@ -135,7 +93,7 @@ impl Ledger {
     /// set the turn belongs to (`WorkingSet::membership`; 0 if it waits).
     pub(crate) fn request(
         &self,
-        id: &SessionId,
+        key: &SessionKey,
         prompt_len: usize,
         sketch: Option<&PromptSketch>,
         engine: EngineAnswers,
@@ -149,8 +107,8 @@ impl Ledger {
             if let Some(usage) = engine.usage {
                 set.observe_usage(usage);
             }
-            let verdict = set.request_sketched(id, prompt_len as u64, sketch, now);
-            (verdict, set.membership(id))
+            let verdict = set.request_sketched(key, prompt_len as u64, sketch, now);
+            (verdict, set.membership(key))
         });
         (verdict, stay, grants)
     }
@@ -159,7 +117,7 @@ impl Ledger {
     /// answered it.
     pub(crate) fn release(
         &self,
-        id: &SessionId,
+        key: &SessionKey,
         stay: u64,
         turn: Turn,
         report: TurnReport,
@@ -167,7 +125,7 @@ impl Ledger {
     ) -> Grants {
         self.change(now, |set| {
             set.release_of(
-                id,
+                key,
                 turn.prompt_len as u64,
                 report,
                 turn.admitted_at,
@@ -179,28 +137,28 @@ impl Ledger {
     }
 
     /// The session's waiting attempt is gone.
-    pub(crate) fn withdraw(&self, id: &SessionId, now: u64) -> Grants {
+    pub(crate) fn withdraw(&self, key: &SessionKey, now: u64) -> Grants {
         self.change(now, |set| {
-            set.withdraw(id);
+            set.withdraw(key);
             set.expire(now);
         })
         .1
     }
 
     /// The session ended.
-    pub(crate) fn finish(&self, id: &SessionId, now: u64) -> Grants {
+    pub(crate) fn finish(&self, key: &SessionKey, now: u64) -> Grants {
         self.change(now, |set| {
-            set.finish(id, now);
+            set.finish(key, now);
             set.expire(now);
         })
         .1
     }
 
     /// The core no longer tracks the session: forget what was learned of it.
-    pub(crate) fn forget(&self, id: &SessionId, now: u64) -> Grants {
+    pub(crate) fn forget(&self, key: &SessionKey, now: u64) -> Grants {
         self.change(now, |set| {
-            if !set.is_member(id) && !set.is_waiting(id) {
-                set.forget(id, now);
+            if !set.is_member(key) && !set.is_waiting(key) {
+                set.forget(key, now);
             }
             set.expire(now);
         })
@@ -236,18 +194,32 @@ impl Ledger {
         grants
     }
 
-    /// Counts an answer or report refused before it reached the set.
+    /// Counts a report refused before it reached the set.
     pub(crate) fn count_refused(&self) {
         self.refused_outside.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Whether an engine answer is consistent with the earlier ones
-    /// (`WorkingSet::check_engine`).
-    pub(crate) fn check_engine(
+    /// An engine answer its host must hear refused, checked where it is
+    /// recorded (`WorkingSet::set_engine_answer`; only checked unless
+    /// `record`), under one lock. `answer` is what the host's figures made
+    /// of it: `Err`, refused in itself; `Ok(None)`, nothing to record. A
+    /// refusal is counted and changes nothing.
+    pub(crate) fn take_answer(
         &self,
-        engine: &EngineCapacity,
-        says_tier: bool,
+        answer: Result<Option<EngineCapacity>, TierError>,
+        record: bool,
     ) -> Result<(), TierError> {
-        self.set.lock().check_engine(engine, says_tier)
+        let refused = match answer {
+            Ok(None) => return Ok(()),
+            Ok(Some(capacity)) if record => {
+                return self.set.lock().set_engine_answer(capacity, true);
+            }
+            Ok(Some(capacity)) => self.set.lock().check_engine(&capacity, true),
+            Err(err) => Err(err),
+        };
+        if refused.is_err() {
+            self.count_refused();
+        }
+        refused
     }
 }

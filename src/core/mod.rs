@@ -50,7 +50,7 @@ use crate::config::{AdmissionMode, Config, ConfigError};
 use crate::error::AcquireError;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use attempt::Holds;
-use ledger::{Grants, Ledger, SessionId};
+use ledger::{Grants, Ledger};
 use policy::Policy;
 use reference::Thresholds;
 use sessions::session_stats_of;
@@ -340,14 +340,13 @@ impl Core {
         }
         drop(map);
         if let Some(ledger) = self.working_set() {
-            let id = SessionId::of(key);
             let mut grants = if withdraw {
-                ledger.withdraw(&id, now)
+                ledger.withdraw(key, now)
             } else {
                 Grants::default()
             };
             if forget {
-                grants.extend(ledger.forget(&id, now));
+                grants.extend(ledger.forget(key, now));
             }
             self.hand_over(grants);
         }
@@ -393,15 +392,14 @@ impl Core {
         match self.policy.ledger() {
             None => self.capacity_event(),
             Some(ledger) => {
-                let id = SessionId::from(key);
                 let stay = match holds {
                     Holds::Stay(stay) => stay,
                     // Not granted by the ledger: no stay of it can match.
                     Holds::Nothing | Holds::Window(_) => 0,
                 };
-                let mut grants = ledger.release(&id, stay, turn, report, now);
+                let mut grants = ledger.release(&key, stay, turn, report, now);
                 if forget {
-                    grants.extend(ledger.forget(&id, now));
+                    grants.extend(ledger.forget(&key, now));
                 }
                 self.hand_over(grants);
             }
@@ -445,11 +443,11 @@ impl Core {
             None if last.is_some() => self.capacity_event(),
             None => {}
             Some(ledger) => {
-                let id = SessionId {
+                let key = SessionKey {
                     hash,
                     bytes: session.into(),
                 };
-                self.hand_over(ledger.finish(&id, now));
+                self.hand_over(ledger.finish(&key, now));
             }
         }
         last
@@ -568,7 +566,7 @@ impl Core {
                 map.remove(&key);
                 drop(map);
                 if let Some(ledger) = self.working_set() {
-                    self.hand_over(ledger.forget(&SessionId::of(&key), now));
+                    self.hand_over(ledger.forget(&key, now));
                 }
             }
         }
@@ -640,11 +638,11 @@ impl Core {
         if grants.sessions.is_empty() {
             return;
         }
-        for (id, _) in grants.sessions {
-            let shard = self.shard_of_hash(id.hash);
+        for (key, _) in grants.sessions {
+            let shard = self.shard_of_hash(key.hash);
             let pending = {
                 let mut map = shard.lock();
-                map.find_mut(id.hash, &id.bytes)
+                map.find_mut(key.hash, &key.bytes)
                     .and_then(|record| record.pending.clone())
             };
             if let Some(waiter) = pending {

@@ -4,7 +4,7 @@
 //! touched under that shard's lock, so operations on different sessions run
 //! in parallel and operations on one session are linearised by one lock.
 
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc as StdArc;
 use std::time::Duration;
 
@@ -17,7 +17,9 @@ use crate::core::timers::NEVER;
 use crate::core::waiters::Waiter;
 use crate::sync::{Arc, Mutex, MutexGuard, TableHasher};
 
-/// A session id with its precomputed hash. Cloning shares the bytes.
+/// A session id with its precomputed hash: the one key every layer of the
+/// core names a session by (the session table, attempts, leases, timers,
+/// the working set). Cloning shares the bytes.
 #[derive(Debug, Clone)]
 pub(crate) struct SessionKey {
     pub(crate) hash: u64,
@@ -25,22 +27,41 @@ pub(crate) struct SessionKey {
     pub(crate) bytes: StdArc<[u8]>,
 }
 
-/// Keys compare by identity: the key of a record equals only its own
-/// clones (the keys an attempt, a lease or a timer carry), never the key of
-/// another record with the same id bytes. A session can be forgotten and
-/// tracked again while an attempt of its old record is still on its way out;
-/// that attempt's figures belong to the old record, not to the new one
-/// (a bug once fixed: a cancelled attempt was charged to the newer record). The
-/// bytes cannot be reused by another record while a clone is alive, so the
-/// pointer is a sound identity. Looking a session up *by its id* is
-/// [`ShardMap::find_mut`].
-impl PartialEq for SessionKey {
-    fn eq(&self, other: &Self) -> bool {
+impl SessionKey {
+    /// Whether both are keys of one record: the key of a record is the
+    /// same record only as its own clones (the keys an attempt, a lease or
+    /// a timer carry), never as the key of another record with the same
+    /// id bytes. A session can be forgotten and tracked again while an
+    /// attempt of its old record is still on its way out; that attempt's
+    /// figures belong to the old record, not to the new one (a bug once
+    /// fixed: a cancelled attempt was charged to the newer record). The
+    /// bytes cannot be reused by another record while a clone is alive, so
+    /// the pointer is a sound identity. Looking a session up *by its id*
+    /// is [`ShardMap::find_mut`].
+    pub(crate) fn same_record(&self, other: &Self) -> bool {
         self.hash == other.hash && StdArc::ptr_eq(&self.bytes, &other.bytes)
     }
 }
 
+/// Keys are equal when their ids are: the working set knows a session by
+/// its id, not by its record, which retention may drop and recreate while
+/// the session is still in the working set.
+impl PartialEq for SessionKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash
+            && (StdArc::ptr_eq(&self.bytes, &other.bytes) || self.bytes == other.bytes)
+    }
+}
+
 impl Eq for SessionKey {}
+
+/// The table's keyed hash, computed once per call (the working set's maps
+/// hash with FxHash over it).
+impl Hash for SessionKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
 
 /// A session's ownership window.
 ///
@@ -276,7 +297,7 @@ fn is_session(record: &SessionRecord, hash: u64, bytes: &[u8]) -> bool {
 impl ShardMap {
     /// The record `key` was cloned from, if it is still tracked.
     pub(crate) fn get_mut(&mut self, key: &SessionKey) -> Option<&mut SessionRecord> {
-        self.sessions.find_mut(key.hash, |r| r.key == *key)
+        self.sessions.find_mut(key.hash, |r| r.key.same_record(key))
     }
 
     /// The record `key` was cloned from, in `sessions` (a field of a
@@ -285,7 +306,7 @@ impl ShardMap {
         sessions: &'a mut HashTable<SessionRecord>,
         key: &SessionKey,
     ) -> Option<&'a mut SessionRecord> {
-        sessions.find_mut(key.hash, |r| r.key == *key)
+        sessions.find_mut(key.hash, |r| r.key.same_record(key))
     }
 
     /// The record of session `bytes`, whose hash (by [`SessionTable::hash`]) is `hash`.
@@ -307,7 +328,9 @@ impl ShardMap {
     /// Drops the record of `key`, if any, and gives memory back once the
     /// table is mostly empty (see [`sparse`]).
     pub(crate) fn remove(&mut self, key: &SessionKey) -> Option<SessionRecord> {
-        let entry = self.sessions.find_entry(key.hash, |r| r.key == *key);
+        let entry = self
+            .sessions
+            .find_entry(key.hash, |r| r.key.same_record(key));
         let removed = entry.ok().map(|e| e.remove().0);
         if let Some(keep) = sparse(self.sessions.len(), self.sessions.capacity()) {
             self.sessions.shrink_to(keep, |r| r.key.hash);

@@ -1,6 +1,6 @@
-//! What a host tells the working set of its engine outside an attempt
-//! (the rebuild cost, answers it refused itself), and the working set's
-//! figures. Each is a no-op, or `None`, in reference mode, which reads no
+//! What a host tells the working set of its engine beside an attempt's
+//! own steps (an answer it must hear refused, the rebuild cost, a report
+//! it refused itself), and the working set's figures. Each is a no-op, or `None`, in reference mode, which reads no
 //! capacity.
 
 use super::ledger::Ledger;
@@ -8,20 +8,22 @@ use super::working_set::{self, WorkingSetStats};
 use super::Core;
 
 impl Core {
-    /// Whether an engine answer is consistent with the earlier ones: its
-    /// tier no smaller than the GPU cache and, when the answer `says_tier`
-    /// (it speaks of tiers and tells none), no tier lost. Always `Ok` in
-    /// reference mode, which reads no capacity. For a host that must hear
-    /// of a refusal before its attempt moves on (the C ABI's event loop);
-    /// an attempt's own answers are checked once, where the working set
-    /// records them.
-    pub fn check_engine_answer(
+    /// Takes an engine answer from a host that must hear of a refusal
+    /// before its attempt moves on (the C ABI's event loop): the answer as
+    /// the host's figures made it (`Err`: refused in itself; `Ok(None)`:
+    /// the engine cannot say), speaking of a tier. The working set checks
+    /// it where it records it (when `record`: the attempt's step that
+    /// takes it), and counts a refusal. Reference mode reads no capacity:
+    /// it refuses only an answer refused in itself, and counts nothing.
+    pub(crate) fn take_engine_answer(
         &self,
-        engine: &working_set::EngineCapacity,
-        says_tier: bool,
+        answer: Result<Option<working_set::EngineCapacity>, working_set::TierError>,
+        record: bool,
     ) -> Result<(), working_set::TierError> {
-        self.working_set()
-            .map_or(Ok(()), |l| l.check_engine(engine, says_tier))
+        match self.working_set() {
+            Some(ledger) => ledger.take_answer(answer, record),
+            None => answer.map(drop),
+        }
     }
 
     /// Tells the working set what the engine's prefill costs (a host that
@@ -34,12 +36,11 @@ impl Core {
         }
     }
 
-    /// Counts, in [`WorkingSetStats::refused_answers`], an engine answer or
-    /// turn report that a surface refused itself before it reached the
-    /// working set (one [`Core::check_engine_answer`] refused, or a
-    /// [`working_set::TierError`] its host's figures made), so that every
-    /// refusal shows in one figure. A no-op in reference mode.
-    pub fn count_refused_answer(&self) {
+    /// Counts, in [`WorkingSetStats::refused_answers`], a turn report that
+    /// its host's figures made inconsistent (a [`working_set::TierError`]):
+    /// refused before its lease is released, so it never reaches the
+    /// working set. A no-op in reference mode.
+    pub(crate) fn count_refused_report(&self) {
         if let Some(ledger) = self.working_set() {
             ledger.count_refused();
         }

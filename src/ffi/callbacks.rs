@@ -1,10 +1,11 @@
 //! The host's probes, given as C function pointers and a `void *user_data`,
-//! seen by the gate as a [`Probe`].
+//! seen by the gate as one probe (a [`Probe`] that may also speak of a
+//! host tier).
 
 use std::ffi::c_void;
 
-use crate::shared::TierProbe;
-use crate::{EngineCapacity, KvTier, Probe};
+use crate::probe::EngineProbe;
+use crate::{EngineCapacity, KvTier};
 
 /// The usage probe (NULL: always unavailable). Asks the engine for its
 /// KV-cache usage as seen by the replica serving a session: writes a
@@ -128,7 +129,9 @@ impl Default for ProbeFns {
     }
 }
 
-/// [`ProbeFns`] as a [`Probe`] the gate can call from any thread.
+/// [`ProbeFns`] as the probe the gate calls from any thread: a
+/// [`Probe`](crate::Probe) that speaks of a host tier when the host set a
+/// tier probe.
 #[derive(Debug)]
 pub(crate) struct CProbes(ProbeFns);
 
@@ -146,7 +149,7 @@ unsafe impl Send for CProbes {}
 // SAFETY: as for `Send`: `&CProbes` only hands the pointers to those functions.
 unsafe impl Sync for CProbes {}
 
-impl Probe for CProbes {
+impl EngineProbe for CProbes {
     fn kv_cache_usage(&self, session: &[u8]) -> Option<f64> {
         let usage = self.0.usage?;
         // Written NaN first: a probe that says true but writes nothing is invalid.
@@ -192,40 +195,15 @@ impl Probe for CProbes {
         // A NaN, negative or infinite rate is "unknown" (`EngineCapacity::new`).
         ok.then(|| EngineCapacity::new(tokens, block, rate))
     }
-}
 
-/// The tier probe of [`ProbeFns`] as the gate asks it.
-#[derive(Debug)]
-pub(crate) struct CTierProbe {
-    tier: unsafe extern "C" fn(*mut c_void, *const u8, usize, *mut u64, *mut f64) -> bool,
-    user_data: *mut c_void,
-}
-
-impl CTierProbe {
-    /// The tier probe of `probes`, if one was set.
-    pub(crate) fn new(probes: ProbeFns) -> Option<Self> {
-        probes.tier.map(|tier| Self {
-            tier,
-            user_data: probes.user_data,
-        })
-    }
-}
-
-// SAFETY: as for `CProbes`: the pointers only go back to the host's
-// function, callable from any thread with this `user_data` (the header's
-// contract) until `kvgate_free` returns.
-unsafe impl Send for CTierProbe {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for CTierProbe {}
-
-impl TierProbe for CTierProbe {
-    fn kv_tier(&self, session: &[u8]) -> Option<KvTier> {
+    fn kv_tier(&self, session: &[u8]) -> Option<Option<KvTier>> {
+        let tier = self.0.tier?;
         let (mut tokens, mut rate) = (0u64, f64::NAN);
         // SAFETY: the host's function with its own `user_data`, a session
         // slice valid for the call and two writable outputs (the header's contract).
         let ok = unsafe {
-            (self.tier)(
-                self.user_data,
+            tier(
+                self.0.user_data,
                 session.as_ptr(),
                 session.len(),
                 &mut tokens,
@@ -235,10 +213,10 @@ impl TierProbe for CTierProbe {
         // Unchecked on purpose: the gate checks the tier against what it
         // knows where it records the answer, and counts a refusal
         // (`WorkingSet::set_engine_answer`).
-        (ok && tokens > 0).then_some(KvTier {
+        Some((ok && tokens > 0).then_some(KvTier {
             tokens,
             reload_tokens_per_sec: rate,
-        })
+        }))
     }
 }
 

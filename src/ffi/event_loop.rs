@@ -21,7 +21,6 @@
 
 use std::time::Duration;
 
-use super::driver::{GateCore, TurnPrompt};
 use super::error::{Failure, SessionName};
 use super::gate::{acquire_failure, kvgate_admission, register_lease};
 use super::gate_handle::GateHandle;
@@ -29,7 +28,8 @@ use super::handles::{self, kvgate_attempt, kvgate_gate, kvgate_waker, Castable};
 use super::panic::{ffi_boundary, ffi_status};
 use super::status::{kvgate_reason, kvgate_status};
 use super::waker::{TagNotifier, Waker};
-use crate::core::{Attempt, Core, Step, StepError};
+use crate::core::{Attempt, Step, StepError};
+use crate::driver::{GateCore, TurnPrompt};
 use crate::sync::{Arc, Mutex};
 use crate::{EngineCapacity, KvTier, TierError};
 
@@ -127,18 +127,19 @@ impl Castable for kvgate_attempt {
 }
 
 impl AttemptHandle {
-    /// Runs one step of the attempt and turns its outcome into a C step.
+    /// Runs one step of the attempt and turns its outcome into a C step:
+    /// an answer the step refused (the outer `Err`, whatever the attempt's
+    /// step) changed nothing.
     fn step(
         &self,
         function: &'static str,
-        check: impl FnOnce(&Core) -> Result<(), Failure>,
-        f: impl FnOnce(&mut Attempt<GateCore>, u64) -> Result<Step, StepError>,
+        f: impl FnOnce(&mut Attempt<GateCore>, u64) -> Result<Result<Step, StepError>, TierError>,
     ) -> Result<kvgate_step, Failure> {
         let mut attempt = self.attempt.lock();
-        // Under the attempt's lock, before the step: a refusal changes nothing.
-        check(attempt.core())?;
         let now = self.gate.gate.now_ns();
-        let step = f(&mut attempt, now).map_err(|err| out_of_order(function, &attempt, err))?;
+        let step = f(&mut attempt, now)
+            .map_err(|err| Failure::invalid(err.to_string()))?
+            .map_err(|err| out_of_order(function, &attempt, err))?;
         Ok(self.c_step(attempt.session_id(), step, now))
     }
 
@@ -406,8 +407,7 @@ pub unsafe extern "C" fn kvgate_attempt_answer_usage(
             "kvgate_attempt_answer_usage",
             attempt,
             out_step,
-            no_check,
-            |a, now| a.on_cache_state(answer(usage), capacity, now),
+            |a, now| Ok(a.on_cache_state(answer(usage), capacity, now)),
         )
     }
 }
@@ -453,8 +453,9 @@ pub unsafe extern "C" fn kvgate_attempt_answer_usage_tiered(
 ) -> kvgate_status {
     let function = "kvgate_attempt_answer_usage_tiered";
     let capacity = EngineCapacity::new(capacity_tokens, block_tokens, prefill_tokens_per_sec);
-    // `Ok(None)`: the engine cannot say. Else the answer, and whether it
-    // says "no tier" (then checked against a tier told earlier).
+    // `Ok(None)`: the engine cannot say. Else the answer as the figures
+    // make it (`Err`: refused in itself), which the step checks against
+    // what the gate knew where it records it ("no tier" after a tier too).
     let answer: Result<Option<EngineCapacity>, TierError> = if tier_tokens == 0 {
         Ok((capacity != EngineCapacity::default()).then_some(capacity))
     } else {
@@ -462,21 +463,10 @@ pub unsafe extern "C" fn kvgate_attempt_answer_usage_tiered(
             .and_then(|tier| capacity.with_tier(tier))
             .map(Some)
     };
-    let check = |core: &Core| {
-        let answer = answer.and_then(|a| match a {
-            Some(c) => core.check_engine_answer(&c, true),
-            None => Ok(()),
-        });
-        answer.map_err(|err| {
-            core.count_refused_answer();
-            Failure::invalid(err.to_string())
-        })
-    };
-    let capacity = answer.ok().flatten();
     // SAFETY: forwarded (caller).
     unsafe {
-        drive(function, attempt, out_step, check, |a, now| {
-            a.on_cache_state(self::answer(usage), capacity, now)
+        drive(function, attempt, out_step, |a, now| {
+            a.on_told_answers(self::answer(usage), answer, now)
         })
     }
 }
@@ -499,8 +489,7 @@ pub unsafe extern "C" fn kvgate_attempt_answer_prefix(
             "kvgate_attempt_answer_prefix",
             attempt,
             out_step,
-            no_check,
-            |a, now| a.on_prefix(answer(hit_ratio), now),
+            |a, now| Ok(a.on_prefix(answer(hit_ratio), now)),
         )
     }
 }
@@ -519,19 +508,10 @@ pub unsafe extern "C" fn kvgate_attempt_wake(
 ) -> kvgate_status {
     // SAFETY: forwarded (caller).
     unsafe {
-        drive(
-            "kvgate_attempt_wake",
-            attempt,
-            out_step,
-            no_check,
-            |a, now| a.on_wake(now),
-        )
+        drive("kvgate_attempt_wake", attempt, out_step, |a, now| {
+            Ok(a.on_wake(now))
+        })
     }
-}
-
-/// The check of an answer that has nothing to refuse.
-fn no_check(_: &Core) -> Result<(), Failure> {
-    Ok(())
 }
 
 /// The body the step exports share: both pointers checked, one step
@@ -543,8 +523,7 @@ unsafe fn drive(
     function: &'static str,
     attempt: *mut kvgate_attempt,
     out_step: *mut kvgate_step,
-    check: impl FnOnce(&Core) -> Result<(), Failure>,
-    f: impl FnOnce(&mut Attempt<GateCore>, u64) -> Result<Step, StepError>,
+    f: impl FnOnce(&mut Attempt<GateCore>, u64) -> Result<Result<Step, StepError>, TierError>,
 ) -> kvgate_status {
     ffi_status(function, || {
         // SAFETY: forwarded (caller).
@@ -554,7 +533,7 @@ unsafe fn drive(
                 handles::out_arg(out_step, "out_step")?,
             )
         };
-        out.write(handle.step(function, check, f)?);
+        out.write(handle.step(function, f)?);
         Ok(())
     })
 }

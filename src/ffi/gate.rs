@@ -4,7 +4,7 @@
 use std::mem::size_of;
 use std::time::Duration;
 
-use super::callbacks::{CProbes, CTierProbe};
+use super::callbacks::CProbes;
 use super::error::{Failure, SessionName};
 use super::gate_handle::GateHandle;
 use super::handles::{self, kvgate_config, kvgate_gate};
@@ -13,7 +13,6 @@ use super::stats::kvgate_session_stats;
 use super::status::{kvgate_reason, kvgate_status};
 use crate::clock::MonotonicClock;
 use crate::core::{Admission, LeaseToken};
-use crate::shared::TierProbe;
 use crate::sync::Arc;
 use crate::{AcquireError, Gate, TurnReport};
 
@@ -95,7 +94,6 @@ pub unsafe extern "C" fn kvgate_new(
         let gate = Gate::with_parts(
             config.config.clone(),
             Box::new(CProbes::new(config.probes)),
-            CTierProbe::new(config.probes).map(|t| Box::new(t) as Box<dyn TierProbe>),
             Box::new(MonotonicClock::new()),
         )
         .map_err(Failure::from)?;
@@ -360,7 +358,7 @@ pub unsafe extern "C" fn kvgate_release_with_tier_report(
         Err(err) => ffi_status(function, || {
             // SAFETY: forwarded (caller).
             let handle = unsafe { handles::gate_ref(gate, "gate") }?;
-            handle.gate.core().count_refused_answer();
+            handle.gate.count_refused_report();
             Err(Failure::invalid(err.to_string()))
         }),
     }

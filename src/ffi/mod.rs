@@ -21,13 +21,14 @@
 //! Plumbing, one job per module: `status` (the enums), `error` (last
 //! error, the failure type), `panic` (the one boundary every export runs
 //! in), `handles` (every raw-pointer conversion), `gate_handle` (what a
-//! `kvgate_gate *` owns and how `kvgate_free` waits), `callbacks` (C probes
-//! as a [`Probe`](crate::Probe)), `leases` (the lease registry), `driver`
-//! (what the C ABI drives on a gate beyond the blocking acquire). Exports by
-//! C "class": `version`, `names` (of statuses and reasons, and the last
-//! error), `config`, `gate`, `stats`, `waker` (the wake channel of
-//! event-loop attempts, and the `Waker` behind it; its bell in `doorbell`),
-//! `event_loop` (attempts driven step by step, the gate's timer).
+//! `kvgate_gate *` owns and how `kvgate_free` waits), `callbacks` (the C
+//! probes, the tier probe included, as the gate's one probe), `leases` (the
+//! lease registry). Exports by C "class": `version`, `names` (of statuses
+//! and reasons, and the last error), `config`, `gate`, `stats`, `waker`
+//! (the wake channel of event-loop attempts, and the `Waker` behind it,
+//! whose bell is `crate::sync`'s `Doorbell`), `event_loop` (attempts driven
+//! step by step, the gate's timer, over the crate's driver API in
+//! `src/driver.rs`).
 
 // The C names are the contract (`kvgate_status`, `KVGATE_OK`, ...): spelling
 // them verbatim in Rust keeps cbindgen's output free of renaming rules.
@@ -58,9 +59,6 @@ mod event_loop;
 mod rebuild_cost;
 
 // Plumbing.
-#[cfg(not(loom))]
-pub(crate) mod doorbell;
-mod driver;
 mod gate_handle;
 mod handles;
 mod leases;

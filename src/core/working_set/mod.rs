@@ -120,7 +120,7 @@ pub use tier::{KvTier, TierError};
 pub use tuning::Tuning;
 
 /// The map of sessions hashes with FxHash: its keys come hashed already
-/// (the ledger's `SessionId` writes the session table's keyed hash).
+/// (the core's `SessionKey` writes the session table's keyed hash).
 type KeyMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
 
 /// A session's index in [`WorkingSet::sessions`]: stable while the working

@@ -1,8 +1,9 @@
-//! What the C ABI drives on a [`Gate`] beyond the blocking acquire:
-//! event-loop attempts that outlive one call ([`GateCore`],
-//! [`Gate::begin_attempt`]), the gate's clock and timer, the core that
-//! checks a host's answers, and lease tokens the handle's registry holds.
-//! The blocking driver (`src/gate.rs`) knows none of it.
+//! The crate's API for a host that drives attempts itself, beyond the
+//! blocking acquire (the C ABI's event loop, `src/ffi/event_loop.rs`):
+//! attempts that outlive one call ([`GateCore`], [`Gate::begin_attempt`]),
+//! the gate's clock and timer, bare lease tokens for a holder that keeps
+//! the gate alive itself, and the count of a report it refused itself. The
+//! blocking driver (`src/gate.rs`) knows none of it.
 
 use std::fmt;
 use std::ops::Deref;
@@ -52,10 +53,10 @@ impl fmt::Debug for GateCore {
 }
 
 impl Gate {
-    /// The sans-IO core this gate drives (the C ABI checks answers and
-    /// counts refusals against it).
-    pub(crate) fn core(&self) -> &Core {
-        &self.shared.core
+    /// Counts a turn report its host's figures made inconsistent, refused
+    /// before its lease is released ([`Core::count_refused_report`]).
+    pub(crate) fn count_refused_report(&self) {
+        self.shared.core.count_refused_report();
     }
 
     /// Releases a token from [`Gate::acquire_token`].

@@ -7,7 +7,7 @@
 //! descriptor. Both ends are non-blocking and close-on-exec. Ringing an
 //! already rung bell is harmless (the counter saturates, the pipe fills),
 //! so neither ring nor clear ever blocks or fails in a way that matters.
-//! loom's twin, an atomic flag, is in `src/sync.rs`.
+//! loom's twin, an atomic flag, is `src/sync/loom_doorbell.rs`.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -7,10 +7,10 @@
 //! that is the shape loom offers: parking_lot is wrapped to match it.
 //!
 //! Every primitive the library synchronises with is chosen here, the event
-//! loop's doorbell included. The only `cfg(loom)` switches elsewhere serve
-//! one test hook of the C ABI: `src/ffi/mod.rs` leaves the eventfd doorbell
-//! out of loom builds and exports `waker_is_rung_for_models` (defined in
-//! `src/ffi/event_loop.rs` over `src/ffi/waker.rs`), with which
+//! loop's doorbell included (module `doorbell`: an eventfd or a pipe, under
+//! loom a flag). The only `cfg(loom)` switches elsewhere serve one test
+//! hook of the C ABI: `src/ffi/mod.rs` exports `waker_is_rung_for_models`
+//! (defined in `src/ffi/event_loop.rs` over `src/ffi/waker.rs`), with which
 //! `tests/loom_event_loop.rs` asks whether a poll would see the waker
 //! readable.
 
@@ -125,42 +125,11 @@ mod imp {
 
 pub(crate) use imp::*;
 
-/// The event-loop waker's descriptor (`src/ffi/doorbell.rs`); under loom a
-/// flag, since a model cannot poll a file descriptor: what the models check
-/// is whether the bell is rung when a tag waits to be drained.
-#[cfg(not(loom))]
-pub(crate) use crate::ffi::doorbell::Doorbell;
+/// The event-loop waker's descriptor; under loom its twin, a flag.
+#[cfg_attr(loom, path = "loom_doorbell.rs")]
+mod doorbell;
 
-#[cfg(loom)]
-#[derive(Debug)]
-pub(crate) struct Doorbell {
-    rung: AtomicBool,
-}
-
-#[cfg(loom)]
-impl Doorbell {
-    pub(crate) fn new() -> std::io::Result<Self> {
-        Ok(Self {
-            rung: AtomicBool::new(false),
-        })
-    }
-
-    pub(crate) fn fd(&self) -> i32 {
-        -1
-    }
-
-    pub(crate) fn ring(&self) {
-        self.rung.store(true, Ordering::SeqCst);
-    }
-
-    pub(crate) fn clear(&self) {
-        self.rung.store(false, Ordering::SeqCst);
-    }
-
-    pub(crate) fn is_rung(&self) -> bool {
-        self.rung.load(Ordering::SeqCst)
-    }
-}
+pub(crate) use doorbell::Doorbell;
 
 /// Declares a thread-local: std's normally, loom's under loom (loom runs its
 /// model threads as coroutines on one OS thread, so a std thread-local would
