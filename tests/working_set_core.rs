@@ -218,13 +218,12 @@ fn the_blocking_gate_waits_for_room_and_is_handed_it() {
         clock.clone(),
     )
     .unwrap();
-    let prompt = vec![1u32; 700];
-    let a = gate.acquire(b"a", &prompt).unwrap();
+    // Two prompts with nothing in common: b cannot share a's blocks.
+    let a = gate.acquire(b"a", &[1u32; 700]).unwrap();
     assert_eq!(a.reason(), Reason::EmptyWorkingSet);
     let waiter = {
         let gate = gate.clone();
-        let prompt = prompt.clone();
-        std::thread::spawn(move || gate.acquire(b"b", &prompt).map(|l| l.reason()))
+        std::thread::spawn(move || gate.acquire(b"b", &[2u32; 700]).map(|l| l.reason()))
     };
     while gate.stats().waiting_attempts == 0 {
         std::thread::yield_now();
@@ -326,21 +325,26 @@ fn with_tools_long_next_to_turns_the_waiters_go_in_for_running_cold() {
 fn the_blocking_gate_sketches_first_prompts_to_learn_the_shared_prefix() {
     // Sessions whose first prompts share their first 300 tokens, behind an
     // engine that reports no cached tokens: the blocking gate has the ids,
-    // sketches them, and the working set learns the prefix from them.
+    // sketches them, and the working set counts the prefix once while
+    // they are members.
     let clock = Arc::new(ManualClock::new(0));
     let gate = Gate::with_clock(Config::default(), SmallEngine, clock.clone()).unwrap();
+    let mut leases = Vec::new();
     for session in 0..3u32 {
         let prompt: Vec<u32> = (0..300)
-            .chain((0..400).map(|i| 10_000 * (session + 1) + i))
+            .chain((0..100).map(|i| 10_000 * (session + 1) + i))
             .collect();
         let id = format!("agent-{session}");
         let lease = gate.acquire(id.as_bytes(), &prompt).unwrap();
         clock.advance(Duration::from_millis(10));
-        lease.release_with(TurnReport::new(None, Some(0)));
-        // Each session ends after one turn, so that the next has room.
-        gate.finish_session(id.as_bytes());
-        clock.advance(Duration::from_millis(10));
+        leases.push(lease);
     }
     let shared = gate.stats().working_set.shared_prefix_tokens;
     assert!((1..=300).contains(&shared), "{shared}");
+    // Three 400-token prompts fit 1,000 tokens only because the prefix
+    // counts once.
+    assert_eq!(gate.stats().working_set.members, 3);
+    for lease in leases {
+        lease.release_with(TurnReport::new(None, Some(0)));
+    }
 }

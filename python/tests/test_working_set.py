@@ -77,31 +77,36 @@ def test_the_gate_timer_admits_a_waiter_when_a_window_ends(engine):
     gate.close()
 
 
+def sharing_prompt(session: int) -> list:
+    """A first prompt: 300 tokens every session shares, then 60 of its own."""
+    return list(range(300)) + [10_000 * (session + 1) + i for i in range(60)]
+
+
 def sessions_sharing_a_prefix(gate, acquire, prompt_of) -> int:
-    """Three sessions whose first prompts share their first 300 tokens, one
-    turn each, behind an engine that reports no cached tokens. Returns the
-    shared prefix the working set learned."""
-    for session in range(3):
-        ids = list(range(300)) + [10_000 * (session + 1) + i for i in range(400)]
-        lease = acquire(f"agent-{session}", prompt_of(ids))
+    """Two sessions in the working set at once whose first prompts share
+    their first 300 tokens, behind an engine that reports no cached
+    tokens. Returns the shared prefix the working set counts."""
+    leases = [acquire(f"agent-{s}", prompt_of(sharing_prompt(s))) for s in range(2)]
+    shared = gate.stats().working_set_shared_prefix_tokens
+    for s, lease in enumerate(leases):
         lease.release(cached_tokens=None, output_tokens=0)
-        assert gate.finish_session(f"agent-{session}") is not None
-    return gate.stats().working_set_shared_prefix_tokens
+        assert gate.finish_session(f"agent-{s}") is not None
+    return shared
 
 
 def test_token_ids_let_the_gate_learn_the_shared_prefix_without_cached_tokens(engine):
     """With the ids (asyncio and blocking drivers alike) the gate sketches
-    the first prompts and learns what they share; told only the lengths,
-    one turn at a time, it cannot."""
+    the first prompts and counts what they share once; told only the
+    lengths, it cannot."""
     gate = working_set_gate(engine)
 
     async def asyncio_sessions():
-        for session in range(3):
-            ids = list(range(300)) + [10_000 * (session + 1) + i for i in range(400)]
-            lease = await gate.acquire(f"agent-{session}", ids)
+        leases = [await gate.acquire(f"agent-{s}", sharing_prompt(s)) for s in range(2)]
+        shared = gate.stats().working_set_shared_prefix_tokens
+        for s, lease in enumerate(leases):
             lease.release(cached_tokens=None, output_tokens=0)
-            assert gate.finish_session(f"agent-{session}") is not None
-        return gate.stats().working_set_shared_prefix_tokens
+            assert gate.finish_session(f"agent-{s}") is not None
+        return shared
 
     assert 0 < run(asyncio_sessions()) <= 300
     gate.close()
