@@ -42,6 +42,11 @@
 #include <stdint.h>
 
 /**
+ * The only version this build reads and writes.
+ */
+#define SUMMARY_VERSION 1
+
+/**
  * Major version of the header. The ABI policy (README "C ABI"): while
  * the major version is 0, a minor release may break the ABI; a patch
  * release never does.
@@ -1555,6 +1560,83 @@ kvgate_status kvgate_now_ns(struct kvgate_gate *gate, uint64_t *out_now_ns);
  * NULL or writable.
  */
 kvgate_status kvgate_tick(struct kvgate_gate *gate, uint64_t *out_until_ns, uint64_t *out_sleep_ns);
+
+/**
+ * Tells the gate the engine's longest sequence in tokens (vLLM's
+ * `model_config.max_model_len`): no session's history outgrows it. A
+ * figure the engine fixes at start, so a host tells it once, before or
+ * after its first acquire; a later call replaces it.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` (and `kvgate_last_error` names
+ * `max_model_len`) for 0; the gate then keeps the figure it had. Stored
+ * nowhere in reference mode (still checked). Thread-safe.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate (see `kvgate_free`).
+ */
+kvgate_status kvgate_set_max_model_len(struct kvgate_gate *gate, uint64_t max_model_len);
+
+/**
+ * Tells how far a session may run, when the host knows (an RL rollout's
+ * most `turns` and most `tokens` of history); 0 for a figure it does not
+ * know. Call it before or at the session's first acquire: a session not
+ * seen yet gets a record, forgotten with the session
+ * (`kvgate_finish_session` forgets one that never acquired). A later
+ * call replaces the budget.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` (and `kvgate_last_error` names `turns`
+ * or `tokens`) for a negative figure, `turns` above `UINT32_MAX`, or
+ * `tokens` above the engine's `max_model_len` when that is known; the
+ * gate then keeps the budget it had. Stored nowhere in reference mode
+ * (still checked). Thread-safe.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
+ * `session_id_len` bytes if not NULL.
+ */
+kvgate_status kvgate_session_set_budget(struct kvgate_gate *gate,
+                                        const uint8_t *session_id,
+                                        size_t session_id_len,
+                                        int64_t turns,
+                                        int64_t tokens);
+
+/**
+ * Writes a summary of what the gate learned (its means, the finished
+ * sessions' turn counts, the prefill figures it measured, and its
+ * engine's identity) into `buf`, for `kvgate_summary_load` after a
+ * restart. A few hundred bytes.
+ *
+ * `*len` is always set (on `KVGATE_OK` and `KVGATE_BUFFER_TOO_SMALL`) to
+ * the summary's size. If `cap` is smaller, returns
+ * `KVGATE_BUFFER_TOO_SMALL` and leaves `buf` untouched: allocate `*len`
+ * bytes (a little more, since the gate may learn between calls) and call
+ * again. `buf` may be NULL when `cap` is 0, to ask for the size. Returns
+ * `KVGATE_INVALID_ARGUMENT` for a NULL `gate` or `len`, or a NULL `buf`
+ * with a non-zero `cap`. Thread-safe.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate (see `kvgate_free`); `buf` is NULL or has
+ * `cap` writable bytes; `len` is NULL or writable.
+ */
+kvgate_status kvgate_summary_save(struct kvgate_gate *gate, uint8_t *buf, size_t cap, size_t *len);
+
+/**
+ * Adopts a summary `kvgate_summary_save` wrote (`len` bytes at `buf`),
+ * replacing what the gate learned, whole or not at all.
+ *
+ * Returns `KVGATE_INVALID_ARGUMENT` (and `kvgate_last_error` says why:
+ * truncated, not a summary, another version, corrupted, another engine)
+ * for a summary it refuses; the gate then goes on as if none were given.
+ * Before the engine's first capacity answer the summary is kept, and
+ * adopted at that answer only if the engine matches (otherwise dropped,
+ * and counted in the Rust and Python stats' `summaries_dropped`).
+ * Thread-safe.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate (see `kvgate_free`); `buf` holds `len`
+ * bytes if not NULL.
+ */
+kvgate_status kvgate_summary_load(struct kvgate_gate *gate, const uint8_t *buf, size_t len);
 
 /**
  * Tells the gate what the engine's prefill costs: `secs_per_token` seconds

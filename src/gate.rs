@@ -258,6 +258,55 @@ impl Gate {
             .set_rebuild_cost(cost, self.shared.clock.now_ns());
     }
 
+    /// Tells the engine's longest sequence, tokens (vLLM's
+    /// `max_model_len`), for a host that does not tell it with the
+    /// capacity answer ([`EngineCapacity::with_max_model_len`](crate::EngineCapacity::with_max_model_len)).
+    /// Refuses 0 ([`HintError::MaxModelLen`](crate::HintError::MaxModelLen)),
+    /// keeping what was told before. Stored nowhere in reference mode.
+    pub fn set_max_model_len(&self, tokens: u64) -> Result<(), crate::HintError> {
+        self.shared
+            .core
+            .set_max_model_len(tokens, self.shared.clock.now_ns())
+    }
+
+    /// Tells how far `session` may run (an RL rollout's most turns and/or
+    /// tokens), before or at its first acquire: a session not seen yet gets
+    /// a record, forgotten with it ([`Gate::finish_session`] forgets one
+    /// that never acquired). A later budget replaces it. Refuses a figure
+    /// of 0 and tokens past the engine's `max_model_len` when that is
+    /// known ([`HintError`](crate::HintError)), keeping the budget it had.
+    /// Stored nowhere in reference mode (checked all the same).
+    pub fn set_session_budget(
+        &self,
+        session: &[u8],
+        budget: crate::Budget,
+    ) -> Result<(), crate::HintError> {
+        self.shared
+            .core
+            .set_session_budget(session, budget, self.shared.clock.now_ns())
+    }
+
+    /// A summary of what the gate learned (its means, the finished
+    /// sessions' turn counts, the prefill figures it measured) and of its
+    /// engine, as bytes to give [`Gate::load_summary`] after a restart
+    /// (format: `docs/decisions/learned-summary.md`).
+    pub fn save_summary(&self) -> Vec<u8> {
+        self.shared.core.save_summary()
+    }
+
+    /// Adopts a summary [`Gate::save_summary`] wrote, replacing what this
+    /// gate learned, whole or not at all: a truncated or corrupted one,
+    /// one of another version, or one of another engine than the one that
+    /// answered is refused ([`SummaryError`](crate::SummaryError)) and
+    /// changes nothing. Before the engine's first capacity answer it is
+    /// kept, and adopted at that answer only if the engine matches
+    /// (otherwise dropped and counted in `summaries_dropped`).
+    pub fn load_summary(&self, bytes: &[u8]) -> Result<(), crate::SummaryError> {
+        self.shared
+            .core
+            .load_summary(bytes, self.shared.clock.now_ns())
+    }
+
     /// Cancels the attempt of `session` that is waiting for admission (at
     /// most one exists): it returns [`AcquireError::Cancelled`] promptly.
     /// Returns whether there was one.

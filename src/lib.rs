@@ -113,8 +113,9 @@ mod watch;
 
 pub use crate::clock::{Clock, ManualClock, MonotonicClock};
 pub use crate::config::{AdmissionMode, Config, ConfigError};
+pub use crate::core::summary::SummaryError;
 pub use crate::core::working_set::{
-    CostError, EngineCapacity, KvTier, RebuildCost, TierError, TurnReport,
+    Budget, CostError, EngineCapacity, HintError, KvTier, RebuildCost, TierError, TurnReport,
 };
 pub use crate::core::{GateStats, Reason, ReservationState, SessionStats};
 pub use crate::error::AcquireError;

@@ -46,3 +46,18 @@ def _timeout_ms(timeout: Optional[float]) -> int:
     if timeout <= 0:
         return 0
     return max(1, math.ceil(timeout * 1000))
+
+
+def checked_count(name: str, value: object, most: int = 2**63 - 1) -> int:
+    """A figure the host tells (a budget, ``max_model_len``) as the C ABI
+    takes it: a whole number > 0 and at most ``most``. Anything else
+    (0, negative, NaN, infinite, fractional, not a number) raises
+    ValueError naming ``name``; nothing is told then."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a whole number > 0, not {value!r}")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise ValueError(f"{name} must be a whole number > 0, not {value!r}")
+    count = int(value)
+    if count <= 0 or count > most:
+        raise ValueError(f"{name} must be a whole number in 1..{most}, not {value!r}")
+    return count

@@ -8,7 +8,7 @@ from ctypes import byref, c_int32, c_size_t, c_uint64
 from typing import List, Optional, Sequence
 
 from . import _ffi
-from ._args import _token_array
+from ._args import _token_array, checked_count
 from ._config import Capacity
 from ._errors import check, error_for
 from ._ffi import AdmissionMode, Status, StepKind
@@ -132,6 +132,14 @@ class Attempt:
         for name in ("tokens", "block_tokens", "tier_tokens"):
             if int(getattr(cap, name)) < 0:
                 raise ValueError(f"Capacity.{name} is negative: {getattr(cap, name)}")
+        if cap.max_model_len is not None:
+            # A figure the engine fixes at start, told apart from the answer
+            # (the C answer functions' signatures never change).
+            with self.gate._use() as g:
+                status = self._lib.kvgate_set_max_model_len(g, checked_count("Capacity.max_model_len", cap.max_model_len))
+            if status == Status.INVALID_ARGUMENT:
+                raise ValueError(_ffi.last_error())
+            check(status)
         status = self._lib.kvgate_attempt_answer_usage_tiered(
             self._live(), math.nan if usage is None else float(usage),
             int(cap.tokens), int(cap.block_tokens), float(cap.prefill_tokens_per_sec),

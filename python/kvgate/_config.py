@@ -73,13 +73,19 @@ class Capacity(NamedTuple):
     figure is 0 says the engine cannot say (a tier told earlier is kept);
     one with a figure and no tier, after a tier was told, is refused. A
     refused answer makes the acquire raise ValueError (see
-    ``Attempt.answer_usage``)."""
+    ``Attempt.answer_usage``).
+
+    ``max_model_len``: the engine's longest sequence in tokens (vLLM's
+    ``model_config.max_model_len``; ``kvgate_set_max_model_len``), None
+    when unknown. 0, a negative or a non-integer figure raises ValueError
+    naming it, and the gate keeps the figure it had."""
 
     tokens: int = 0
     block_tokens: int = 0
     prefill_tokens_per_sec: float = 0.0
     tier_tokens: int = 0
     reload_tokens_per_sec: float = 0.0
+    max_model_len: Optional[int] = None
 
 
 UsageProbe = Callable[[bytes], MaybeAwaitable]

@@ -285,6 +285,10 @@ FUNCTIONS = {
     ),
     "kvgate_cancel_session": (c_status, [gate_p, u8_buf, c_size_t]),
     "kvgate_set_rebuild_cost": (c_status, [gate_p, c_double, c_double]),
+    "kvgate_set_max_model_len": (c_status, [gate_p, c_uint64]),
+    "kvgate_session_set_budget": (c_status, [gate_p, u8_buf, c_size_t, c_int64, c_int64]),
+    "kvgate_summary_save": (c_status, [gate_p, POINTER(ctypes.c_uint8), c_size_t, POINTER(c_size_t)]),
+    "kvgate_summary_load": (c_status, [gate_p, u8_buf, c_size_t]),
     "kvgate_get_stats": (c_status, [gate_p, POINTER(kvgate_stats), c_size_t]),
     "kvgate_get_session_stats": (
         c_status,

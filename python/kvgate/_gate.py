@@ -26,7 +26,7 @@ from ctypes import byref, c_size_t, c_uint64
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from . import _ffi
-from ._args import Prompt, Session, _prompt, _session_bytes, _timeout_ms
+from ._args import Prompt, Session, _prompt, _session_bytes, _timeout_ms, checked_count
 from ._asyncio import _Acquire, _await_probe, _LoopDriver
 from ._attempt import Attempt, Waker
 from ._config import Config, Probes, _capacity
@@ -383,6 +383,52 @@ class Gate:
         reference mode."""
         with self._use() as g:
             check(self._lib.kvgate_set_rebuild_cost(g, float(secs_per_token), float(secs_per_pair)))
+
+    def set_budget(self, session: Session, turns: Optional[int] = None, tokens: Optional[int] = None) -> None:
+        """Tells how far ``session`` may run when the host knows it (an RL
+        rollout's most turns and/or most tokens of history; None: not known),
+        before or at its first acquire. A later call replaces it; ``finish_session`` forgets it.
+        0, a negative, NaN or fractional figure, or tokens past the engine's
+        ``max_model_len`` when that is known, raises ValueError naming the
+        figure, and the gate keeps the budget it had. Checked, and stored
+        nowhere, in reference mode."""
+        sid = _session_bytes(session)
+        t = 0 if turns is None else checked_count("turns", turns, 2**32 - 1)
+        k = 0 if tokens is None else checked_count("tokens", tokens)
+        with self._use() as g:
+            status = self._lib.kvgate_session_set_budget(g, sid, len(sid), t, k)
+        if status == Status.INVALID_ARGUMENT:
+            raise ValueError(_ffi.last_error())
+        check(status)
+
+    def save_summary(self) -> bytes:
+        """A summary of what the gate learned (its means, the finished
+        sessions' turn counts, the prefill figures it measured) and of its
+        engine, for ``load_summary`` after a restart (a few hundred bytes)."""
+        needed = c_size_t(0)
+        buf = (ctypes.c_uint8 * 0)()
+        with self._use() as g:
+            status = self._lib.kvgate_summary_save(g, None, 0, byref(needed))
+            while status == Status.BUFFER_TOO_SMALL:
+                # The gate may learn between the calls: ask until it fits.
+                buf = (ctypes.c_uint8 * needed.value)()
+                status = self._lib.kvgate_summary_save(g, buf, len(buf), byref(needed))
+            check(status)
+        return bytes(buf[: needed.value])
+
+    def load_summary(self, data: bytes) -> None:
+        """Adopts a summary ``save_summary`` wrote, replacing what the gate
+        learned, whole or not at all. A truncated or corrupted summary, one
+        of another version or of another engine raises ValueError saying
+        which, and the gate goes on as if none were given. Before the
+        engine's first capacity answer it is kept, and adopted then only if
+        the engine matches."""
+        blob = bytes(data)
+        with self._use() as g:
+            status = self._lib.kvgate_summary_load(g, blob, len(blob))
+        if status == Status.INVALID_ARGUMENT:
+            raise ValueError(_ffi.last_error())
+        check(status)
 
     def stats(self) -> Stats:
         out = _ffi.kvgate_stats()

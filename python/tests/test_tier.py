@@ -44,7 +44,10 @@ def tiered_gate(engine):
 
 
 def test_capacity_keeps_its_old_shape():
-    assert kvgate.Capacity(1, 2, 3.0) == (1, 2, 3.0, 0, 0.0)
+    # Positional answers of three or five figures still build it; each
+    # figure added since (the tier, max_model_len) defaults to "not told".
+    assert kvgate.Capacity(1, 2, 3.0) == (1, 2, 3.0, 0, 0.0, None)
+    assert kvgate.Capacity(1, 2, 3.0, 4, 5.0)[:5] == (1, 2, 3.0, 4, 5.0)
     assert kvgate.Capacity(1, 2, 3.0).tier_tokens == 0
 
 

@@ -8,9 +8,11 @@
 
 use super::prompt::PromptSketch;
 use super::sessions::SessionKey;
+use super::summary::SummaryError;
 use super::timers::NEVER;
 use super::working_set::{
-    EngineCapacity, RebuildCost, TierError, TurnReport, Verdict, WorkingSet, WorkingSetStats,
+    Budget, EngineCapacity, HintError, Learned, RebuildCost, TierError, TurnReport, Verdict,
+    WorkingSet, WorkingSetStats,
 };
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
@@ -192,6 +194,40 @@ impl Ledger {
             let _ = set.set_engine(answer);
         });
         grants
+    }
+
+    /// The engine's `max_model_len` is `answer`'s (checked > 0 by the caller).
+    pub(crate) fn set_max_model_len(&self, answer: EngineCapacity, now: u64) -> Grants {
+        // Told again with every capacity answer by some hosts (Python's):
+        // the same figure changes nothing and lets nobody in.
+        if self.set.lock().max_model_len() == answer.max_model_len {
+            return Grants::default();
+        }
+        let ((), grants) = self.change(now, |set| {
+            // An answer of a length alone speaks of no tier: never refused.
+            let _ = set.set_engine(answer);
+        });
+        grants
+    }
+
+    /// `key`'s budget, as the host told it.
+    pub(crate) fn set_budget(
+        &self,
+        key: &SessionKey,
+        budget: Budget,
+        now: u64,
+    ) -> (Result<(), HintError>, Grants) {
+        self.change(now, |set| set.set_budget(key, budget))
+    }
+
+    /// What the working set learned.
+    pub(crate) fn learned(&self) -> Learned {
+        self.set.lock().learned()
+    }
+
+    /// Adopts a parsed summary (or keeps it until the engine answers).
+    pub(crate) fn adopt(&self, learned: Learned, now: u64) -> (Result<(), SummaryError>, Grants) {
+        self.change(now, |set| set.adopt(learned))
     }
 
     /// Counts a report refused before it reached the set.

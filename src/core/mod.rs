@@ -25,6 +25,7 @@
 //! ```
 
 mod attempt;
+mod host_hints;
 mod ledger;
 mod policy;
 pub mod prompt;
@@ -33,6 +34,7 @@ pub(crate) mod reference;
 pub(crate) mod sessions;
 mod shrink;
 pub(crate) mod stats;
+pub mod summary;
 pub(crate) mod timers;
 pub(crate) mod waiters;
 pub mod working_set;

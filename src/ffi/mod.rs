@@ -56,6 +56,7 @@ mod waker;
 
 mod event_loop;
 
+mod hints;
 mod rebuild_cost;
 
 // Plumbing.
@@ -87,6 +88,9 @@ pub use gate::{
     kvgate_release_with_tier_report, KVGATE_NO_LEASE,
 };
 pub use handles::{kvgate_attempt, kvgate_config, kvgate_gate, kvgate_waker};
+pub use hints::{
+    kvgate_session_set_budget, kvgate_set_max_model_len, kvgate_summary_load, kvgate_summary_save,
+};
 pub use names::{kvgate_last_error, kvgate_reason_str, kvgate_status_str};
 pub use rebuild_cost::kvgate_set_rebuild_cost;
 pub use stats::{

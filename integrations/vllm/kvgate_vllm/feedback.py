@@ -63,6 +63,8 @@ class EngineAnswer(NamedTuple):
     # none yet); checked by the gate when told (`tell_rebuild_cost`).
     rebuild_secs_per_token: float = 0.0
     rebuild_secs_per_pair: float = 0.0
+    # vLLM's model_config.max_model_len (0: not sent, an older engine side).
+    max_model_len: int = 0
 
     @property
     def has_tier(self) -> bool:
@@ -88,7 +90,17 @@ def answer_of(answer: Optional[dict[str, Any]]) -> Optional[EngineAnswer]:
         _number(answer.get("reload_tokens_per_sec", 0.0)),
         _number(answer.get("rebuild_secs_per_token", 0.0)),
         _number(answer.get("rebuild_secs_per_pair", 0.0)),
+        _count(answer.get("max_model_len", 0)),
     )
+
+
+def _count(value: Any) -> int:
+    """A whole number > 0 as sent, else 0 (not known: never told)."""
+    try:
+        count = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return count if count > 0 else 0
 
 
 def _number(value: Any) -> float:
@@ -161,6 +173,7 @@ def to_capacity(answer: Optional[EngineAnswer]) -> Optional[kvgate.Capacity]:
         prefill_tokens_per_sec=answer.prefill_tokens_per_sec,
         tier_tokens=int(answer.tier_tokens) if answer.has_tier else 0,
         reload_tokens_per_sec=float(answer.reload_tokens_per_sec) if answer.has_tier else 0.0,
+        max_model_len=answer.max_model_len or None,
     )
 
 

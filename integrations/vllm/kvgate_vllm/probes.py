@@ -13,7 +13,9 @@ calls on the `EngineCore` object:
   mostly-prefill steps, 0 before any; kvgate_vllm.prefill_rate),
   `rebuild_secs_per_token` and `rebuild_secs_per_pair` (what re-prefilling a
   history costs, from the step costs fitted to the engine's recent steps, 0
-  before a usable fit; kvgate_vllm.step_cost), and the
+  before a usable fit; kvgate_vllm.step_cost), `max_model_len` (the
+  engine's longest sequence, `model_config.max_model_len`: no session's
+  history outgrows it; 0 when the config does not say), and the
   host tier when the engine offloads KV (`tier_tokens`, 0 when none;
   `reload_tokens_per_sec`; `kv_bytes_per_token`, `tier_bytes`,
   `tier_backend`; kvgate_vllm.offload).
@@ -149,8 +151,15 @@ def kvgate_capacity(self: Any) -> dict[str, Any]:
         "prefill_tokens_per_sec": prefill_rate.typical_rate(self),
         "rebuild_secs_per_token": per_token,
         "rebuild_secs_per_pair": per_pair,
+        "max_model_len": _max_model_len(self),
         **offload.tier_answer(self),
     }
+
+
+def _max_model_len(core: Any) -> int:
+    """vLLM's `model_config.max_model_len` (0: not configured)."""
+    model = getattr(core.vllm_config, "model_config", None)
+    return int(getattr(model, "max_model_len", 0) or 0)
 
 
 def kvgate_prefix(

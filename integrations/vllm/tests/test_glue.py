@@ -254,3 +254,13 @@ def test_cancelling_a_request_while_its_probe_is_at_the_engine_cancels_the_attem
         gate.close()
 
     asyncio.run(scenario())
+
+
+def test_the_capacity_answer_carries_max_model_len_when_the_engine_sends_it() -> None:
+    from kvgate_vllm import feedback
+
+    sent = {"capacity_tokens": 12800, "block_size": 32, "prefill_tokens_per_sec": 0.0, "max_model_len": 4096}
+    assert feedback.capacity_of(sent).max_model_len == 4096
+    # An older engine side sends none, or a figure that is not one: not told.
+    for old in ({"capacity_tokens": 12800, "block_size": 32}, {**sent, "max_model_len": 0}, {**sent, "max_model_len": "x"}):
+        assert feedback.capacity_of(old).max_model_len is None

@@ -63,6 +63,31 @@ impl Capacity {
         if engine.rebuild_cost.is_some() {
             self.engine.rebuild_cost = engine.rebuild_cost;
         }
+        // 0 is refused by `EngineCapacity::with_max_model_len`; one set by
+        // hand keeps what was known, as every figure reported as 0 does.
+        if let Some(n) = engine.max_model_len.filter(|&n| n > 0) {
+            self.engine.max_model_len = Some(n);
+        }
+        self.update_window();
+    }
+
+    /// The engine's longest sequence, tokens, if it told it: no session's
+    /// history outgrows it.
+    pub(super) fn max_model_len(&self) -> Option<u64> {
+        self.engine.max_model_len
+    }
+
+    /// The figures measured here, for a saved summary: the prefill rate
+    /// seen in turn reports, tokens/s, and the per-pair cost's envelope.
+    pub(super) fn measured(&self) -> (f64, Vec<(u8, f64, f64)>) {
+        (self.reported_rate, self.learned_pairs.envelope())
+    }
+
+    /// Takes back figures [`Capacity::measured`] gave (checked by the
+    /// summary's parser): they replace what was measured here.
+    pub(super) fn adopt_measured(&mut self, rate: f64, envelope: &[(u8, f64, f64)]) {
+        self.reported_rate = rate;
+        self.learned_pairs = LearnedPairCost::from_envelope(envelope);
         self.update_window();
     }
 
@@ -160,6 +185,11 @@ impl Capacity {
     /// The engine's capacity figure, tokens (0 while unknown).
     pub(super) fn engine_tokens(&self) -> u64 {
         self.engine.tokens
+    }
+
+    /// The engine's block size, tokens (0 while unknown).
+    pub(super) fn engine_block_tokens(&self) -> u32 {
+        self.engine.block_tokens
     }
 
     /// The engine's host tier, if it told one.

@@ -107,3 +107,22 @@ impl Means {
         growth as u64 + self.output_of(h)
     }
 }
+
+/// A saved summary's view of the means (module `learned`): taken and
+/// given back whole, without touching how they are learned.
+impl Means {
+    /// The means as figures: output, growth, turn time (ns), log gap.
+    pub(super) fn figures(&self) -> [f64; 4] {
+        [self.output, self.growth, self.turn_ns, self.ln_gap]
+    }
+
+    /// Means from [`Means::figures`] (checked finite by the summary's parser).
+    pub(super) fn from_figures([output, growth, turn_ns, ln_gap]: [f64; 4]) -> Self {
+        Self {
+            output,
+            growth,
+            turn_ns,
+            ln_gap,
+        }
+    }
+}

@@ -162,6 +162,8 @@ pub(super) struct History {
     pub(super) sketch: Option<PromptSketch>,
     /// Its recent tool gaps.
     pub(super) gaps: Gaps,
+    /// What the host told of how far it runs (module `hints`).
+    pub(super) budget: super::hints::Budget,
 }
 
 impl History {

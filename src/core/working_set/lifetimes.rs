@@ -117,6 +117,15 @@ impl Lifetimes {
     }
 }
 
+/// A saved summary's view of the lifetimes (module `learned`).
+impl Lifetimes {
+    /// The remembered turn counts, in the order the sessions finished:
+    /// recording them again in this order gives the same lifetimes.
+    pub(crate) fn remembered(&self) -> impl Iterator<Item = u32> + '_ {
+        self.by_finish.iter().copied()
+    }
+}
+
 /// A survival curve: [`Lifetimes::survival`].
 #[derive(Debug, Clone)]
 pub(crate) struct Survival {

@@ -79,7 +79,9 @@ mod admission;
 mod audit;
 mod capacity;
 mod estimates;
+mod hints;
 mod holding;
+mod learned;
 mod lifecycle;
 mod lifetimes;
 mod prefix_tree;
@@ -106,6 +108,8 @@ use slab::Slab;
 use super::prompt::PromptSketch;
 use capacity::Capacity;
 use estimates::Means;
+pub use hints::{Budget, HintError};
+pub(crate) use learned::Learned;
 use lifecycle::{Member, Session, Stage};
 use lifetimes::Lifetimes;
 use prefix_tree::PrefixTree;
@@ -116,6 +120,10 @@ use rotation_budget::RotationBudget;
 use shared_prefix::{InFlight, SharedPrefix};
 use silences::Silences;
 use tier::TierParked;
+/// Most lifetimes a saved summary carries: what the working set remembers.
+pub(crate) const LIFETIMES_IN_SUMMARY: usize = tuning::LIFETIMES_REMEMBERED;
+/// Most points of the per-pair cost's envelope a saved summary carries.
+pub(crate) const PAIR_SCALES_IN_SUMMARY: usize = rebuild::PAIR_SCALES;
 pub use tier::{KvTier, TierError};
 pub use tuning::Tuning;
 
@@ -146,6 +154,9 @@ pub struct EngineCapacity {
     /// What the engine's prefill costs ([`EngineCapacity::with_rebuild_cost`]);
     /// `None` keeps what was told before, or the estimate learned from turns.
     pub rebuild_cost: Option<RebuildCost>,
+    /// The engine's longest sequence, tokens ([`EngineCapacity::with_max_model_len`]);
+    /// `None` keeps what was told before.
+    pub max_model_len: Option<u64>,
 }
 
 impl EngineCapacity {
@@ -162,6 +173,7 @@ impl EngineCapacity {
             prefill_tokens_per_sec: rate,
             tier: None,
             rebuild_cost: None,
+            max_model_len: None,
         }
     }
 }
@@ -252,6 +264,9 @@ pub struct WorkingSetStats {
     /// Own tokens of the sessions parked in the host tier, which come back
     /// by a copy (0 without a tier).
     pub tier_parked_tokens: u64,
+    /// Saved summaries dropped at the engine's first answer because they
+    /// were learned on another engine (`Gate::load_summary`).
+    pub summaries_dropped: u64,
 }
 
 /// The working set of one engine.
@@ -295,6 +310,10 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     /// The sessions parked in the host tier, in the order the tier
     /// evicts them.
     tier_parked: TierParked,
+    /// A saved summary given before the engine answered (module `learned`).
+    pending_summary: Option<Learned>,
+    /// Summaries dropped at the engine's first answer: another engine's.
+    summaries_dropped: u64,
 }
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
@@ -323,6 +342,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             refused_answers: 0,
             tier_cached_tokens: 0,
             tier_parked: TierParked::default(),
+            pending_summary: None,
+            summaries_dropped: 0,
         }
     }
 
@@ -347,6 +368,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return Err(e);
         }
         self.capacity.set_engine(engine);
+        self.adopt_pending();
         Ok(())
     }
 
@@ -563,6 +585,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             refused_answers: self.refused_answers,
             tier_cached_tokens: self.tier_cached_tokens,
             tier_parked_tokens: self.tier_parked.tokens(),
+            summaries_dropped: self.summaries_dropped,
         }
     }
 }

@@ -189,7 +189,31 @@ impl LearnedPairCost {
     pub(super) fn secs_per_pair(&self) -> f64 {
         self.secs_per_pair
     }
+
+    /// The envelope's points, for a saved summary: (scale, seconds a
+    /// token, keys attended).
+    pub(super) fn envelope(&self) -> Vec<(u8, f64, f64)> {
+        (0..SCALES)
+            .filter_map(|i| self.envelope[i].map(|(y, x)| (i as u8, y, x)))
+            .collect()
+    }
+
+    /// The cost learned from an envelope [`LearnedPairCost::envelope`]
+    /// gave; points at a scale out of range are ignored.
+    pub(super) fn from_envelope(points: &[(u8, f64, f64)]) -> Self {
+        let mut cost = Self::default();
+        for &(i, y, x) in points {
+            if let Some(slot) = cost.envelope.get_mut(usize::from(i)) {
+                *slot = Some((y, x));
+            }
+        }
+        cost.secs_per_pair = cost.slope();
+        cost
+    }
 }
+
+/// Scales of the per-pair cost's envelope: a summary's parser refuses more.
+pub(super) const PAIR_SCALES: usize = SCALES;
 
 #[cfg(test)]
 mod tests {
