@@ -1520,6 +1520,28 @@ kvgate_status kvgate_attempt_wake(struct kvgate_attempt *attempt, struct kvgate_
 kvgate_status kvgate_attempt_cancel(struct kvgate_attempt *attempt);
 
 /**
+ * Ends an attempt that has not ended (its host waits on a probe answer,
+ * or it sleeps) with the outcome its host saw, counted under it in the
+ * attempts-failed stats: `KVGATE_PREEMPTED` (the host preempted it: a newer
+ * retry of the session won; also the session's `num_preempted`) or
+ * `KVGATE_TIMED_OUT` (a probe hung past the attempt's timeout). It leaves
+ * the queue, gives back any capacity it was handed, and takes no more
+ * steps, exactly as after `kvgate_attempt_cancel`. If a newer attempt of
+ * the session or `kvgate_cancel_session` ended it first, that outcome is
+ * the one counted. Thread-safe.
+ *
+ * `why` is a `kvgate_status` value passed as a plain `uint32_t`, so that
+ * any value is safe to pass. Returns `KVGATE_INVALID_ARGUMENT` for a NULL
+ * `attempt` or any other `why` (nothing changes), and `KVGATE_OUT_OF_ORDER`
+ * once the attempt has ended (admitted, failed, cancelled or ended here;
+ * nothing changes).
+ *
+ * # Safety
+ * `attempt` is NULL or a live attempt.
+ */
+kvgate_status kvgate_attempt_end(struct kvgate_attempt *attempt, uint32_t why);
+
+/**
  * Frees an attempt, cancelling it first if it has not ended. NULL is a
  * no-op. A lease it was admitted with stays valid (release it as usual).
  *

@@ -745,3 +745,197 @@ fn a_null_prompt_with_a_length_is_refused_and_an_empty_one_is_not() {
     }
     free(g, w);
 }
+
+fn end(a: &Driven, why: u32) -> kvgate_status {
+    // SAFETY: a live attempt.
+    unsafe { kvgate_attempt_end(a.attempt, why) }
+}
+
+fn session_stats(gate: *mut kvgate_gate, session: &str) -> kvgate_session_stats {
+    let mut out = MaybeUninit::uninit();
+    // SAFETY: a live gate, a live id, a writable out of the size given.
+    let status = unsafe {
+        kvgate_get_session_stats(
+            gate,
+            session.as_ptr(),
+            session.len(),
+            out.as_mut_ptr(),
+            std::mem::size_of::<kvgate_session_stats>(),
+        )
+    };
+    assert_eq!(status, KVGATE_OK, "{}", last_error());
+    // SAFETY: written on KVGATE_OK.
+    unsafe { out.assume_init() }
+}
+
+#[test]
+fn an_attempt_its_host_preempts_is_counted_preempted_and_leaves_the_queue() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let _held = admitted_open(g, "a", w);
+    let mut b = asleep(g, "b", w, 3);
+    assert_eq!(
+        end(&b, KVGATE_PREEMPTED as u32),
+        KVGATE_OK,
+        "{}",
+        last_error()
+    );
+    let s = stats(g);
+    assert_eq!(
+        (s.preempted, s.cancelled, s.timed_out),
+        (1, 0, 0),
+        "counted as preempted, not cancelled"
+    );
+    assert_eq!((s.waiting_attempts, s.pending_attempts), (0, 0));
+    let bs = session_stats(g, "b");
+    assert_eq!((bs.num_preempted, bs.cancelled), (1, 0));
+    assert!(!bs.attempt_pending);
+    assert_eq!(b.wake(), KVGATE_OUT_OF_ORDER, "it takes no more steps");
+    assert_eq!(
+        end(&b, KVGATE_TIMED_OUT as u32),
+        KVGATE_OUT_OF_ORDER,
+        "an ended attempt is not ended again"
+    );
+    assert!(last_error().contains("has ended"), "{}", last_error());
+    drop(b);
+    let s = stats(g);
+    assert_eq!(
+        (s.preempted, s.timed_out, s.cancelled),
+        (1, 0, 0),
+        "the free counts nothing"
+    );
+    free(g, w);
+}
+
+#[test]
+fn an_attempt_whose_probe_hangs_past_its_timeout_is_counted_timed_out() {
+    let (g, w) = (gate(false, 5.0), waker());
+    let mut a = begin(g, "s", 60_000, w, 1);
+    assert_eq!(
+        a.kind(),
+        KVGATE_STEP_PROBE_USAGE,
+        "its host asks the engine"
+    );
+    assert_eq!(
+        end(&a, KVGATE_TIMED_OUT as u32),
+        KVGATE_OK,
+        "{}",
+        last_error()
+    );
+    let s = stats(g);
+    assert_eq!((s.timed_out, s.cancelled, s.preempted), (1, 0, 0));
+    assert_eq!((s.pending_attempts, s.working_set_waiting_sessions), (0, 0));
+    assert_eq!(
+        a.usage(0.0, 100_000),
+        KVGATE_OUT_OF_ORDER,
+        "the late answer is refused"
+    );
+    assert_eq!(stats(g).admissions, 0);
+    drop(a);
+    // The session is free to try again, and is admitted.
+    let mut again = begin(g, "s", -1, w, 2);
+    assert_eq!(again.usage(0.0, 100_000), KVGATE_OK);
+    // SAFETY: a live gate.
+    assert_eq!(unsafe { kvgate_release(g, again.lease()) }, KVGATE_OK);
+    drop(again);
+    free(g, w);
+}
+
+#[test]
+fn ending_an_attempt_with_any_other_status_is_refused_and_changes_nothing() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let mut a = begin(g, "s", -1, w, 0);
+    for why in [
+        KVGATE_OK as u32,
+        KVGATE_CANCELLED as u32,
+        KVGATE_CLOSED as u32,
+        KVGATE_OUT_OF_ORDER as u32,
+        99,
+        u32::MAX,
+    ] {
+        assert_eq!(end(&a, why), KVGATE_INVALID_ARGUMENT, "why = {why}");
+        assert!(
+            last_error().contains("KVGATE_PREEMPTED"),
+            "{}",
+            last_error()
+        );
+    }
+    // SAFETY: NULL is refused with the argument named.
+    assert_eq!(
+        unsafe { kvgate_attempt_end(ptr::null_mut(), KVGATE_PREEMPTED as u32) },
+        KVGATE_INVALID_ARGUMENT
+    );
+    assert!(last_error().contains("attempt"), "{}", last_error());
+    let s = stats(g);
+    assert_eq!(
+        (s.preempted, s.timed_out, s.cancelled, s.pending_attempts),
+        (0, 0, 0, 1)
+    );
+    assert_eq!(a.kind(), KVGATE_STEP_PROBE_USAGE, "unchanged");
+    assert_eq!(a.usage(0.1, 0), KVGATE_OK);
+    let lease = a.lease();
+    assert_eq!(
+        end(&a, KVGATE_PREEMPTED as u32),
+        KVGATE_OUT_OF_ORDER,
+        "an admitted attempt has ended"
+    );
+    assert_eq!(stats(g).preempted, 0);
+    // SAFETY: a live gate.
+    assert_eq!(unsafe { kvgate_release(g, lease) }, KVGATE_OK);
+    drop(a);
+    free(g, w);
+}
+
+#[test]
+fn an_attempt_a_newer_one_preempted_first_keeps_that_outcome_when_ended() {
+    let (g, w) = (gate(true, 0.0), waker());
+    let _held = admitted_open(g, "a", w);
+    let old = asleep(g, "b", w, 1);
+    let newer = begin(g, "b", -1, w, 2);
+    assert_eq!(end(&old, KVGATE_TIMED_OUT as u32), KVGATE_OK);
+    let s = stats(g);
+    assert_eq!(
+        (s.preempted, s.timed_out, s.cancelled),
+        (1, 0, 0),
+        "counted once, as sealed"
+    );
+    assert_eq!(s.pending_attempts, 1, "the newer attempt keeps its place");
+    assert_eq!(end(&old, KVGATE_PREEMPTED as u32), KVGATE_OUT_OF_ORDER);
+    assert_eq!(session_stats(g, "b").num_preempted, 1);
+    drop((old, newer));
+    free(g, w);
+}
+
+#[test]
+fn a_working_set_attempt_its_host_preempts_gives_up_its_place_in_the_queue() {
+    let (g, w) = (gate(false, 5.0), waker());
+    let mut a = begin(g, "a", -1, w, 1);
+    assert_eq!(a.usage(0.0, 150), KVGATE_OK);
+    let held = a.lease();
+    let mut b = begin(g, "b", -1, w, 2);
+    assert_eq!(b.usage(0.9, 150), KVGATE_OK);
+    assert_eq!(b.kind(), KVGATE_STEP_SLEEP, "{:?}", b.step);
+    assert_eq!(stats(g).working_set_waiting_sessions, 1);
+    assert_eq!(end(&b, KVGATE_PREEMPTED as u32), KVGATE_OK);
+    let s = stats(g);
+    assert_eq!((s.preempted, s.cancelled), (1, 0));
+    assert_eq!(
+        (
+            s.working_set_waiting_sessions,
+            s.waiting_attempts,
+            s.pending_attempts
+        ),
+        (0, 0, 0),
+        "its place went with it"
+    );
+    assert_eq!(s.active_leases, 1, "a's lease is all that is left");
+    // SAFETY: a live gate.
+    assert_eq!(unsafe { kvgate_release(g, held) }, KVGATE_OK);
+    let s = stats(g);
+    assert_eq!(
+        (s.preempted, s.cancelled, s.working_set_waiting_sessions),
+        (1, 0, 0),
+        "the release hands nothing to the ended attempt"
+    );
+    drop((a, b));
+    free(g, w);
+}

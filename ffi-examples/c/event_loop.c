@@ -19,6 +19,8 @@
  *   woken through the descriptor and ends KVGATE_PREEMPTED;
  * - kvgate_attempt_cancel on a sleeping attempt (the client went away)
  *   counts in the stats' cancelled, and the cancelled attempt takes no step;
+ * - kvgate_attempt_end counts a sleeping attempt its host preempted as
+ *   preempted and one whose probe hung as timed out, not as cancelled;
  * - misuse (an answer to a step not asked, a step after the end, NULL
  *   arguments, a callback waker asked for its descriptor) returns
  *   KVGATE_OUT_OF_ORDER or KVGATE_INVALID_ARGUMENT with a message;
@@ -775,6 +777,62 @@ static void run(const scenario *sc) {
     free(l);
 }
 
+/* kvgate_attempt_end: the host ends an attempt with the outcome it saw, and
+   the stats name that cause (not "cancelled"): a retry its proxy preferred
+   (PREEMPTED, also the session's num_preempted) while the attempt slept,
+   a probe that hung past the attempt's timeout (TIMED_OUT). */
+static void check_host_ended_attempts(void) {
+    kvgate_config *config = kvgate_config_new();
+    kvgate_gate *gate = NULL;
+    kvgate_waker *w = NULL;
+    kvgate_attempt *slept = NULL;
+    kvgate_attempt *probing = NULL;
+    kvgate_step step;
+    kvgate_stats st;
+    kvgate_session_stats ss;
+    const uint8_t *id = (const uint8_t *)"agent-end";
+
+    CHECK(config != NULL);
+    CHECK_STATUS(kvgate_config_set_admission_mode(config, KVGATE_ADMISSION_MODE_REFERENCE),
+                 KVGATE_OK);
+    CHECK_STATUS(kvgate_config_set_wait_poll_sec(config, 30.0), KVGATE_OK);
+    CHECK_STATUS(kvgate_new(config, &gate), KVGATE_OK);
+    kvgate_config_free(config);
+    CHECK_STATUS(kvgate_waker_new(&w), KVGATE_OK);
+
+    /* Under pressure with nothing resident: it sleeps; the host preempts it. */
+    CHECK_STATUS(kvgate_attempt_begin(gate, id, 9, 100, -1, w, 1, &slept, &step), KVGATE_OK);
+    CHECK_STATUS(kvgate_attempt_answer_usage(slept, 0.99, 0, 0, 0.0, &step), KVGATE_OK);
+    CHECK_STATUS(kvgate_attempt_answer_prefix(slept, 0.0, &step), KVGATE_OK);
+    CHECK(step.kind == KVGATE_STEP_SLEEP);
+    CHECK_STATUS(kvgate_attempt_end(slept, KVGATE_CANCELLED), KVGATE_INVALID_ARGUMENT);
+    CHECK_LAST_ERROR("KVGATE_PREEMPTED");
+    CHECK_STATUS(kvgate_attempt_end(slept, 99), KVGATE_INVALID_ARGUMENT);
+    CHECK_STATUS(kvgate_attempt_end(NULL, KVGATE_PREEMPTED), KVGATE_INVALID_ARGUMENT);
+    CHECK_STATUS(kvgate_attempt_end(slept, KVGATE_PREEMPTED), KVGATE_OK);
+    CHECK_STATUS(kvgate_attempt_wake(slept, &step), KVGATE_OUT_OF_ORDER);
+    CHECK_LAST_ERROR("has ended");
+    CHECK_STATUS(kvgate_attempt_end(slept, KVGATE_TIMED_OUT), KVGATE_OUT_OF_ORDER);
+    kvgate_attempt_free(slept); /* ended: counted nothing more */
+
+    /* Its usage probe never answers: the host ends it at its timeout. */
+    CHECK_STATUS(kvgate_attempt_begin(gate, id, 9, 100, 5000, w, 2, &probing, &step), KVGATE_OK);
+    CHECK(step.kind == KVGATE_STEP_PROBE_USAGE);
+    CHECK_STATUS(kvgate_attempt_end(probing, KVGATE_TIMED_OUT), KVGATE_OK);
+    CHECK_STATUS(kvgate_attempt_answer_usage(probing, 0.1, 0, 0, 0.0, &step),
+                 KVGATE_OUT_OF_ORDER); /* the late answer */
+    kvgate_attempt_free(probing);
+
+    CHECK_STATUS(kvgate_get_stats(gate, &st, sizeof st), KVGATE_OK);
+    CHECK(st.preempted == 1 && st.timed_out == 1 && st.cancelled == 0);
+    CHECK(st.pending_attempts == 0 && st.waiting_attempts == 0 && st.admissions == 0);
+    CHECK_STATUS(kvgate_get_session_stats(gate, id, 9, &ss, sizeof ss), KVGATE_OK);
+    CHECK(ss.num_preempted == 1 && ss.timed_out == 1 && ss.cancelled == 0);
+    kvgate_free(gate);
+    kvgate_waker_free(w);
+    printf("host-ended attempts: counted preempted and timed out, not cancelled\n");
+}
+
 int main(void) {
     /* Working-set admission (the default): 64 sessions, a capacity where only
        a few fit; the poll fallback is far away so wake-ups must be targeted. */
@@ -788,6 +846,7 @@ int main(void) {
     run(&working_set);
     run(&reference);
     check_callback_waker();
+    check_host_ended_attempts();
     printf("c event loop: %d checks passed\n", checks_passed);
     return 0;
 }

@@ -12,6 +12,7 @@ import math
 from typing import Any, Awaitable, Coroutine, Dict, Optional
 
 from ._attempt import Attempt, Waker
+from ._errors import OutOfOrder
 from ._handle import GateHandle
 from ._lease import Lease
 
@@ -124,7 +125,47 @@ class _Acquire(collections.abc.Coroutine):
             lease.release()
 
 
-async def _await_probe(name: str, pending: Awaitable[Any]) -> Any:
+class _AttemptRef:
+    """The attempt of one ``Gate.acquire`` in progress, for the code that
+    awaits it to end it with the outcome it saw (the drop-in's abort:
+    preempted). Runs on the loop's thread."""
+
+    __slots__ = ("attempt",)
+
+    def __init__(self) -> None:
+        self.attempt: Optional[Attempt] = None
+
+    def end(self, status: int) -> bool:
+        """Ends the attempt as ``status`` (``Attempt.end``); False if there
+        is none yet or it has ended (then nothing changed)."""
+        attempt = self.attempt
+        if attempt is None or attempt._raw is None:
+            return False
+        try:
+            attempt.end(status)  # type: ignore[arg-type]
+        except OutOfOrder:
+            return False
+        return True
+
+
+class _ProbeHung(Exception):
+    """A probe was still out when the attempt's timeout passed."""
+
+
+async def _await_probe(name: str, pending: Awaitable[Any], deadline: Optional[float] = None) -> Any:
+    """The probe's answer (None if it raised). With a ``deadline`` (the
+    loop's clock), raises _ProbeHung if it has not answered by then (the
+    probe is cancelled)."""
+    if deadline is None:
+        return await _answer(name, pending)
+    loop = asyncio.get_running_loop()
+    try:
+        return await asyncio.wait_for(_answer(name, pending), max(0.0, deadline - loop.time()))
+    except asyncio.TimeoutError:
+        raise _ProbeHung(name) from None
+
+
+async def _answer(name: str, pending: Awaitable[Any]) -> Any:
     try:
         return await pending
     except Exception:  # noqa: BLE001 - a failed probe is "unavailable"

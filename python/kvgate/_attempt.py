@@ -167,6 +167,20 @@ class Attempt:
         """Cancels the attempt if it has not ended (counted as cancelled)."""
         check(self._lib.kvgate_attempt_cancel(self._live()))
 
+    def end(self, status: Status) -> None:
+        """Ends the attempt, which has not ended (it waits on a probe answer
+        or sleeps), with the outcome its host saw (``kvgate_attempt_end``):
+        ``Status.PREEMPTED`` (a newer retry of the session won; counted as
+        preempted, in the session's ``num_preempted`` too) or
+        ``Status.TIMED_OUT`` (a probe hung past the timeout; counted as
+        timed out). It leaves the queue and hands over as :meth:`cancel`
+        does; the step becomes FAILED with that status (:meth:`failure`).
+        Raises :class:`InvalidArgument` for any other status and
+        :class:`OutOfOrder` once the attempt has ended; nothing changes then."""
+        check(self._lib.kvgate_attempt_end(self._live(), int(status)))
+        self._step.kind = int(StepKind.FAILED)
+        self._step.status = int(status)
+
     def close(self) -> None:
         """Frees the attempt, cancelling it first if it has not ended."""
         if self._raw is not None:

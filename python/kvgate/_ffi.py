@@ -322,6 +322,7 @@ FUNCTIONS = {
     "kvgate_attempt_answer_prefix": (c_status, [attempt_p, c_double, step_p]),
     "kvgate_attempt_wake": (c_status, [attempt_p, step_p]),
     "kvgate_attempt_cancel": (c_status, [attempt_p]),
+    "kvgate_attempt_end": (c_status, [attempt_p, c_uint32]),
     "kvgate_attempt_free": (None, [attempt_p]),
     "kvgate_now_ns": (c_status, [gate_p, POINTER(c_uint64)]),
     "kvgate_tick": (c_status, [gate_p, POINTER(c_uint64), POINTER(c_uint64)]),

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from . import _ffi
 from ._args import Prompt, Session, _prompt, _session_bytes, _timeout_ms, checked_count
-from ._asyncio import _Acquire, _await_probe, _LoopDriver
+from ._asyncio import _Acquire, _AttemptRef, _await_probe, _LoopDriver, _ProbeHung
 from ._attempt import Attempt, Waker
 from ._config import Config, Probes, _capacity
 from ._errors import Closed, check, error_for
@@ -170,10 +170,19 @@ class Gate:
         ``prompt`` is the prompt's token ids (passed to the prefix probe) or
         just its length. ``timeout`` in seconds: None waits without limit, 0
         makes one pass. Raises Preempted, TimedOut, Cancelled or Closed when
-        the attempt ends without a lease. Cancelling the awaiting task
-        cancels the attempt (counted in stats as cancelled)."""
+        the attempt ends without a lease; a probe still out when a timeout
+        > 0 passes is cancelled and the attempt ends with TimedOut (counted
+        in stats as timed out). Cancelling the awaiting task cancels the
+        attempt (counted in stats as cancelled)."""
+        return self._acquire_ref(session, prompt, timeout, None)
+
+    def _acquire_ref(
+        self, session: Session, prompt: Prompt, timeout: Optional[float], ref: Optional[_AttemptRef]
+    ) -> _Acquire:
+        """``acquire``, telling ``ref`` its attempt once begun, so that the
+        caller can end it with the outcome it saw (the drop-in's abort)."""
         ids, prompt_len = _prompt(prompt)
-        return _Acquire(self._acquire_async(_session_bytes(session), ids, prompt_len, _timeout_ms(timeout)))
+        return _Acquire(self._acquire_async(_session_bytes(session), ids, prompt_len, _timeout_ms(timeout), ref))
 
     def _driver(self, loop: asyncio.AbstractEventLoop) -> _LoopDriver:
         driver = self._drivers.get(loop)
@@ -185,10 +194,21 @@ class Gate:
         return driver
 
     async def _acquire_async(
-        self, session: bytes, ids: Optional[Sequence[int]], prompt_len: int, timeout_ms: int
+        self,
+        session: bytes,
+        ids: Optional[Sequence[int]],
+        prompt_len: int,
+        timeout_ms: int,
+        ref: Optional[_AttemptRef] = None,
     ) -> Lease:
-        driver = self._driver(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        driver = self._driver(loop)
         attempt = Attempt(self, session, prompt_len, timeout_ms, driver.waker, next(driver.tags), ids)
+        if ref is not None:
+            ref.attempt = attempt
+        # A probe still out at the timeout ends the attempt then (timeout 0:
+        # one pass whose probes are awaited; the gate's own clock ends a sleep).
+        deadline = loop.time() + timeout_ms / 1000 if timeout_ms > 0 else None
         try:
             while True:
                 kind = attempt.kind
@@ -198,12 +218,12 @@ class Gate:
                 elif kind is StepKind.PROBE_USAGE:
                     usage = self._call_probe("usage", self.probes.usage, session)
                     if inspect.isawaitable(usage):
-                        usage = await _await_probe("usage", usage)
+                        usage = await _await_probe("usage", usage, deadline)
                     capacity = None
                     if self._asks_capacity():
                         answer = self._call_probe("capacity", self.probes.capacity, session)
                         if inspect.isawaitable(answer):
-                            answer = await _await_probe("capacity", answer)
+                            answer = await _await_probe("capacity", answer, deadline)
                         capacity = _capacity(answer)
                     attempt.answer_usage(usage, capacity)
                 elif kind is StepKind.PROBE_PREFIX:
@@ -211,12 +231,15 @@ class Gate:
                     if ids is not None and self.probes.prefix is not None:
                         hit = self._call_probe("prefix", self.probes.prefix, session, ids)
                         if inspect.isawaitable(hit):
-                            hit = await _await_probe("prefix", hit)
+                            hit = await _await_probe("prefix", hit, deadline)
                     attempt.answer_prefix(hit)
                 elif kind is StepKind.ADMITTED:
                     return attempt.lease()
                 else:
                     raise attempt.failure()
+        except _ProbeHung:
+            attempt.end(Status.TIMED_OUT)
+            raise attempt.failure() from None
         finally:
             # Cancellation (of a sleep or of an awaited probe) or any error
             # lands here too: an attempt not ended is cancelled by the free.

@@ -37,6 +37,7 @@ import os
 import sys
 from typing import Any, Coroutine, Mapping, Optional, Sequence, Union
 
+from ._asyncio import _AttemptRef
 from ._config import Capacity, Config, Probes
 from ._errors import Preempted, TimedOut
 from ._ffi import AdmissionMode, Status
@@ -318,8 +319,9 @@ class SessionLevelScheduler:
         start = loop.time()
         turn = _Turn(session_id)
         token = _TURN.set(turn)
+        ref = _AttemptRef()
         try:
-            task = loop.create_task(gate.acquire(session_id, prompt_ids, timeout=timeout))
+            task = loop.create_task(gate._acquire_ref(session_id, prompt_ids, timeout, ref))
         finally:
             _TURN.reset(token)
         aborted: Optional[asyncio.Task] = None
@@ -327,8 +329,9 @@ class SessionLevelScheduler:
         if abort_event is not None:
             aborted = loop.create_task(abort_event.wait())
             waiting.add(aborted)
-        # The gate's own timeout ends a wait (counted as timed out); this one,
-        # a little later, a probe that hangs.
+        # The gate's acquire ends a wait, and a probe that hangs, at the
+        # timeout (counted as timed out); this guard, a little later, is a
+        # last resort (a probe that blocks the loop past it).
         guard = timeout + PROBE_GRACE_SEC if timeout is not None and timeout > 0 else None
         try:
             await asyncio.wait(waiting, timeout=guard, return_when=asyncio.FIRST_COMPLETED)
@@ -339,8 +342,12 @@ class SessionLevelScheduler:
             if aborted is not None:
                 aborted.cancel()
         if not task.done():
+            preempted = aborted is not None and abort_event is not None and abort_event.is_set()
+            # Ended as the caller sees it, so that the stats name the cause;
+            # the task's cancel then only frees it.
+            ref.end(Status.PREEMPTED if preempted else Status.TIMED_OUT)
             _discard(task)
-            if aborted is not None and abort_event is not None and abort_event.is_set():
+            if preempted:
                 raise AdmissionPreempted(session_id)
             raise TimedOut(Status.TIMED_OUT, f"session {session_id!r}: not admitted within {timeout} s")
         try:

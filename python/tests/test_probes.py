@@ -92,3 +92,52 @@ def test_cancelling_a_task_awaiting_its_probe_cancels_the_attempt():
         gate.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("probe", ["usage", "prefix"])
+def test_a_probe_that_hangs_past_the_timeout_ends_the_attempt_timed_out(probe):
+    async def main():
+        calls = []
+
+        async def usage(session):
+            calls.append("usage")
+            if probe == "usage":
+                await asyncio.sleep(3600)
+            return 0.99  # pressure: the prefix probe is asked
+
+        async def prefix(session, ids):
+            calls.append("prefix")
+            await asyncio.sleep(3600)
+
+        gate = kvgate.Gate(kvgate.Config(admission_mode="reference"), kvgate.Probes(usage=usage, prefix=prefix))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(kvgate.TimedOut) as err:
+            await gate.acquire("s", [1, 2], timeout=0.2)
+        assert 0.2 <= loop.time() - t0 < 1.0
+        assert err.value.code == kvgate.Status.TIMED_OUT and err.value.http_status == 503
+        assert calls[-1] == probe
+        s = gate.stats()
+        assert (s.timed_out, s.cancelled, s.preempted) == (1, 0, 0)
+        assert (s.pending_attempts, s.waiting_attempts, s.active_leases) == (0, 0, 0)
+        assert gate.session_stats("s").timed_out == 1
+        gate.close()
+
+    run(main())
+
+
+def test_without_a_timeout_a_slow_probe_is_awaited():
+    async def main():
+        async def usage(session):
+            await asyncio.sleep(0.3)
+            return 0.1
+
+        gate = kvgate.Gate(kvgate.Config(admission_mode="reference"), kvgate.Probes(usage=usage))
+        async with gate.acquire("s", [1]) as lease:
+            assert lease.reason is kvgate.Reason.OPEN
+        async with gate.acquire("s", [1], timeout=5.0) as lease:
+            assert lease.reason is kvgate.Reason.OPEN
+        assert gate.stats().timed_out == 0
+        gate.close()
+
+    run(main())

@@ -630,7 +630,9 @@ def test_an_abort_ends_the_attempt_at_once_and_leaves_nothing(where: str) -> Non
         await until("the attempt is gone", lambda: sched.gate.stats().pending_attempts == 0)
         stats = sched.gate.stats()
         assert (stats.admissions, stats.active_leases, stats.reserved_in_flight + stats.reserved_in_grace) == (0, 0, 0)
-        assert stats.cancelled == 1  # the gate counts an abort as a cancelled attempt
+        # An abort is the proxy's preemption: counted as preempted, not cancelled.
+        assert (stats.preempted, stats.cancelled, stats.timed_out) == (1, 0, 0)
+        assert sched.gate.session_stats("s").num_preempted == 1
         # The session is admitted as usual afterwards.
         manager.hang, manager.usage = None, CALM
         lease = await sched.acquire("s", [1, 2])
@@ -705,7 +707,11 @@ def test_a_probe_that_never_returns_does_not_break_the_timeout(env: Dict[str, st
             await sched.acquire("s", [1], timeout=0.3)
         assert 0.3 <= time.monotonic() - t0 < 1.5
         await until("the attempt is gone", lambda: sched.gate.stats().pending_attempts == 0)
-        assert sched.gate.stats().active_leases == 0
+        stats = sched.gate.stats()
+        assert stats.active_leases == 0
+        # Counted as what the caller saw: timed out, not cancelled.
+        assert (stats.timed_out, stats.cancelled, stats.preempted) == (1, 0, 0)
+        assert sched.gate.session_stats("s").timed_out == 1
 
     run(main())
     sched.close()

@@ -368,6 +368,34 @@ impl<C: Deref<Target = Core>> Attempt<C> {
         }
     }
 
+    /// Ends the attempt from outside with `why`, whatever step it is at (its
+    /// driver waits on a probe answer, or sleeps): [`AcquireError::Preempted`]
+    /// (its host preempted it: counted as preempted, in the session's
+    /// `num_preempted` too) or [`AcquireError::TimedOut`] (a probe hung past
+    /// its timeout: counted as timed out). Frees and hands over exactly as
+    /// [`Attempt::abandon`] does; if a newer attempt or a cancel sealed its
+    /// fate first, that outcome is the one counted and returned. Any other
+    /// `why` is [`AcquireError::Cancelled`]'s abandon. Refused with
+    /// [`StepError::Ended`] once the attempt has ended.
+    pub fn end(&mut self, why: AcquireError, now: u64) -> Result<Step, StepError> {
+        if self.machine.phase == Phase::Done {
+            return Err(StepError::Ended { called: "end" });
+        }
+        self.machine.last_seen = self.machine.last_seen.max(now);
+        Ok(match why {
+            // Sealed here as a newer attempt would seal it, so that nothing
+            // can admit it any more; counted by `end_attempt`, not by
+            // `register_attempt`, which did not seal it.
+            AcquireError::Preempted if self.machine.waiter.set_fate(PREEMPTED) => {
+                self.machine
+                    .end(&self.core, AcquireError::Preempted, true, now)
+            }
+            // Sealed first by someone else: `fail` reports that fate.
+            AcquireError::Preempted => self.machine.fail(&self.core, AcquireError::Cancelled, now),
+            other => self.machine.fail(&self.core, other, now),
+        })
+    }
+
     /// The waiter of this ended attempt, if nothing else holds it any more, so
     /// its driver can begin its next attempt with it
     /// ([`Attempt::begin_with_waiter`]) instead of allocating one.
@@ -711,7 +739,13 @@ impl Machine {
         }
     }
 
-    fn fail(&mut self, core: &Core, mut err: AcquireError, now: u64) -> Step {
+    fn fail(&mut self, core: &Core, err: AcquireError, now: u64) -> Step {
+        self.end(core, err, false, now)
+    }
+
+    /// `fail`, told whether its host sealed it preempted (`Attempt::end`):
+    /// then nobody counted it yet and no successor holds its place.
+    fn end(&mut self, core: &Core, mut err: AcquireError, by_host: bool, now: u64) -> Step {
         debug_assert_ne!(self.phase, Phase::Done);
         self.phase = Phase::Done;
         core.waiters.dequeue(&self.waiter);
@@ -730,7 +764,7 @@ impl Machine {
             };
         }
         let waited = self.waited.then(|| now.saturating_sub(self.started));
-        core.end_attempt(&self.key, &self.waiter, err, waited, now);
+        core.end_attempt(&self.key, &self.waiter, err, by_host, waited, now);
         if std::mem::take(&mut self.holding_event) && core.policy().passes_capacity_events() {
             core.pass_on_event();
         }

@@ -287,6 +287,7 @@ impl Core {
         key: &SessionKey,
         waiter: &Arc<Waiter>,
         err: AcquireError,
+        preempted_by_host: bool,
         waited: Option<u64>,
         now: u64,
     ) {
@@ -298,6 +299,8 @@ impl Core {
         // session was finished or retired while this attempt was on its
         // way out); then the attempt's per-session figures went with it.
         match err {
+            // Sealed by its host (`Attempt::end`): nobody counted it yet.
+            AcquireError::Preempted if preempted_by_host => c.preempted.add_locked(1),
             // Counted when sealed, by `register_attempt`.
             AcquireError::Preempted => {}
             AcquireError::TimedOut => c.timed_out.add_locked(1),
@@ -309,8 +312,9 @@ impl Core {
             count_wait(None, c, wait_ns);
         }
         // The session's place in the working-set queue goes with its last
-        // attempt; a preempted one leaves it to its successor.
-        let mut withdraw = !matches!(err, AcquireError::Preempted);
+        // attempt; a preempted one leaves it to its successor (one its host
+        // preempted has none, unless one began since: then it is not `mine`).
+        let mut withdraw = preempted_by_host || !matches!(err, AcquireError::Preempted);
         let mut forget = false;
         if let Some(record) = record {
             let mine = record
@@ -328,6 +332,9 @@ impl Core {
             match err {
                 AcquireError::TimedOut => bump(&mut record.counters.timed_out),
                 AcquireError::Cancelled => bump(&mut record.counters.cancelled),
+                AcquireError::Preempted if preempted_by_host => {
+                    bump(&mut record.counters.preempted)
+                }
                 AcquireError::Preempted | AcquireError::Closed => {}
             }
             if let Some(wait_ns) = waited {

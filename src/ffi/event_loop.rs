@@ -11,6 +11,7 @@
 //!   SLEEP        ─ until the waker delivers the tag or sleep_ns pass ─▶ kvgate_attempt_wake ─▶ step
 //!   ADMITTED     ─ step.admission.lease: kvgate_release it when the turn is done
 //!   FAILED       ─ step.status: PREEMPTED, TIMED_OUT, CANCELLED or CLOSED
+//! kvgate_attempt_end before the end: ended as PREEMPTED or TIMED_OUT (the host's outcome)
 //! kvgate_attempt_free at any point (an attempt not ended is cancelled)
 //! ```
 //!
@@ -31,7 +32,7 @@ use super::waker::{TagNotifier, Waker};
 use crate::core::{Attempt, Step, StepError};
 use crate::driver::{GateCore, TurnPrompt};
 use crate::sync::{Arc, Mutex};
-use crate::{EngineCapacity, KvTier, TierError};
+use crate::{AcquireError, EngineCapacity, KvTier, TierError};
 
 /// What an event-loop attempt asks its host to do next
 /// (`kvgate_step.kind`).
@@ -556,6 +557,51 @@ pub unsafe extern "C" fn kvgate_attempt_cancel(attempt: *mut kvgate_attempt) -> 
         let now = handle.gate.gate.now_ns();
         handle.attempt.lock().abandon(now);
         Ok(())
+    })
+}
+
+/// Ends an attempt that has not ended (its host waits on a probe answer,
+/// or it sleeps) with the outcome its host saw, counted under it in the
+/// attempts-failed stats: `KVGATE_PREEMPTED` (the host preempted it: a newer
+/// retry of the session won; also the session's `num_preempted`) or
+/// `KVGATE_TIMED_OUT` (a probe hung past the attempt's timeout). It leaves
+/// the queue, gives back any capacity it was handed, and takes no more
+/// steps, exactly as after `kvgate_attempt_cancel`. If a newer attempt of
+/// the session or `kvgate_cancel_session` ended it first, that outcome is
+/// the one counted. Thread-safe.
+///
+/// `why` is a `kvgate_status` value passed as a plain `uint32_t`, so that
+/// any value is safe to pass. Returns `KVGATE_INVALID_ARGUMENT` for a NULL
+/// `attempt` or any other `why` (nothing changes), and `KVGATE_OUT_OF_ORDER`
+/// once the attempt has ended (admitted, failed, cancelled or ended here;
+/// nothing changes).
+///
+/// # Safety
+/// `attempt` is NULL or a live attempt.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_attempt_end(
+    attempt: *mut kvgate_attempt,
+    why: u32,
+) -> kvgate_status {
+    ffi_status("kvgate_attempt_end", || {
+        // SAFETY: forwarded (caller).
+        let handle = unsafe { handles::attempt_ref(attempt) }?;
+        let why = match why {
+            w if w == kvgate_status::KVGATE_PREEMPTED as u32 => AcquireError::Preempted,
+            w if w == kvgate_status::KVGATE_TIMED_OUT as u32 => AcquireError::TimedOut,
+            other => {
+                return Err(Failure::invalid(format!(
+                    "kvgate_attempt_end: why must be KVGATE_PREEMPTED (1) or \
+                     KVGATE_TIMED_OUT (2), not {other}"
+                )))
+            }
+        };
+        let mut attempt = handle.attempt.lock();
+        let now = handle.gate.gate.now_ns();
+        match attempt.end(why, now) {
+            Ok(_) => Ok(()),
+            Err(err) => Err(out_of_order("kvgate_attempt_end", &attempt, err)),
+        }
     })
 }
 

@@ -79,8 +79,8 @@ pub use event_loop::waker_is_rung_for_models;
 pub use event_loop::{
     kvgate_attempt_answer_prefix, kvgate_attempt_answer_usage, kvgate_attempt_answer_usage_tiered,
     kvgate_attempt_begin, kvgate_attempt_begin_with_prompt, kvgate_attempt_cancel,
-    kvgate_attempt_free, kvgate_attempt_wake, kvgate_now_ns, kvgate_step, kvgate_step_kind,
-    kvgate_tick,
+    kvgate_attempt_end, kvgate_attempt_free, kvgate_attempt_wake, kvgate_now_ns, kvgate_step,
+    kvgate_step_kind, kvgate_tick,
 };
 pub use gate::{
     kvgate_acquire, kvgate_admission, kvgate_cancel_session, kvgate_close, kvgate_finish_session,
