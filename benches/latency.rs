@@ -94,7 +94,7 @@ impl Design for Kvgate {
             AcquireError::Preempted => End::Preempted,
             AcquireError::TimedOut => End::TimedOut,
             AcquireError::Closed => End::Closed,
-            AcquireError::Cancelled => panic!("nobody cancels"),
+            AcquireError::Cancelled | AcquireError::Released => panic!("nobody cancels"),
         });
         admit_then_release(result, on_admit, Lease::release)
     }

@@ -145,6 +145,18 @@ enum kvgate_status
      * message carries its error.
      */
     KVGATE_OS_ERROR = 11,
+    /**
+     * `kvgate_acquire` (and an event-loop attempt): the host released the
+     * waiting turn to another replica with `kvgate_release_elsewhere`, the
+     * gate counting its cache gone here. Not a refusal: send it elsewhere.
+     */
+    KVGATE_RELEASED = 12,
+    /**
+     * `kvgate_release_elsewhere`: the gate holds the session's cache hot
+     * (a member of the working set, or parked in the host tier); the turn
+     * keeps its place in the queue. Nothing changed.
+     */
+    KVGATE_CACHE_HOT = 13,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -1200,6 +1212,28 @@ kvgate_status kvgate_finish_session(struct kvgate_gate *gate,
                                     size_t session_id_len,
                                     struct kvgate_session_stats *out_final,
                                     size_t out_final_size);
+
+/**
+ * Releases the session's turn waiting for admission to another replica,
+ * where this gate counts its cache gone (a new session, or one parked or
+ * out since its window ended: its next turn costs a full prefill wherever
+ * it runs): its `kvgate_acquire` returns `KVGATE_RELEASED` promptly and it
+ * leaves the queue. Send the turn to a replica with room.
+ *
+ * Returns `KVGATE_CACHE_HOT` if the gate holds the session's cache hot (a
+ * member, or parked in the host tier): nothing changes, the turn keeps its
+ * place; `KVGATE_NOT_FOUND` if no turn of the session waits here;
+ * `KVGATE_INVALID_ARGUMENT` for a NULL `gate`, a NULL `session_id` with
+ * a non-zero length, or a gate without working-set admission (it cannot
+ * tell). Thread-safe.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
+ * `session_id_len` bytes if not NULL.
+ */
+kvgate_status kvgate_release_elsewhere(struct kvgate_gate *gate,
+                                       const uint8_t *session_id,
+                                       size_t session_id_len);
 
 /**
  * Cancels the session's attempt that is waiting for admission (a session

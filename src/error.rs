@@ -15,6 +15,11 @@ pub enum AcquireError {
     Cancelled,
     /// The gate was closed; it admits nothing any more.
     Closed,
+    /// The host released the waiting turn to another replica
+    /// ([`Gate::release_elsewhere`](crate::Gate::release_elsewhere)): the
+    /// gate counted its cache gone here, so it costs a full prefill
+    /// wherever it runs. Not a refusal: send the turn elsewhere.
+    Released,
 }
 
 impl AcquireError {
@@ -25,6 +30,7 @@ impl AcquireError {
             Self::TimedOut => "timed_out",
             Self::Cancelled => "cancelled",
             Self::Closed => "closed",
+            Self::Released => "released",
         }
     }
 }
@@ -36,8 +42,36 @@ impl fmt::Display for AcquireError {
             Self::TimedOut => "admission timed out",
             Self::Cancelled => "admission cancelled",
             Self::Closed => "the gate is closed",
+            Self::Released => "released to another replica: its cache is gone here",
         })
     }
 }
 
 impl std::error::Error for AcquireError {}
+
+/// Why [`Gate::release_elsewhere`](crate::Gate::release_elsewhere) kept a
+/// turn: nothing changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReleaseError {
+    /// The gate holds the session's cache hot (a member of the working
+    /// set, or parked in the host tier): the turn keeps its place.
+    CacheHot,
+    /// The session has no turn waiting here.
+    NotWaiting,
+    /// The gate does not run working-set admission: it cannot tell.
+    NoWorkingSet,
+}
+
+impl fmt::Display for ReleaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::CacheHot => {
+                "the gate holds the session's cache hot here: its turn keeps its place"
+            }
+            Self::NotWaiting => "the session has no turn waiting here",
+            Self::NoWorkingSet => "only working-set admission can tell a session's cache is gone",
+        })
+    }
+}
+
+impl std::error::Error for ReleaseError {}

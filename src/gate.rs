@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{duration_ns, Config, ConfigError};
 use crate::core::{Attempt, Core, GateStats, LeaseToken, PromptSketch, SessionStats, Step, Waiter};
-use crate::error::AcquireError;
+use crate::error::{AcquireError, ReleaseError};
 use crate::lease::Lease;
 use crate::probe::{EngineProbe, Probe};
 use crate::shared::Shared;
@@ -233,6 +233,17 @@ impl Gate {
         keep_sketch(&mut attempt);
         ThreadWaker::give_back(sleeper, attempt);
         outcome
+    }
+
+    /// Releases `session`'s waiting turn to another replica where this
+    /// gate counts its cache gone (a new, parked or ghost session): its
+    /// `acquire` returns [`AcquireError::Released`] and it leaves the
+    /// queue. A session whose cache the gate holds hot is refused with
+    /// [`ReleaseError::CacheHot`] and keeps its place.
+    pub fn release_elsewhere(&self, session: &[u8]) -> Result<(), ReleaseError> {
+        self.shared
+            .core
+            .release_elsewhere(session, self.shared.clock.now_ns())
     }
 
     /// Ends `session`'s ownership window and forgets the session once it

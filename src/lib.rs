@@ -118,7 +118,7 @@ pub use crate::core::working_set::{
     Budget, CostError, EngineCapacity, HintError, KvTier, RebuildCost, TierError, TurnReport,
 };
 pub use crate::core::{GateStats, Reason, ReservationState, SessionStats};
-pub use crate::error::AcquireError;
+pub use crate::error::{AcquireError, ReleaseError};
 pub use crate::gate::Gate;
 pub use crate::lease::Lease;
 pub use crate::probe::{Probe, ProbeAnswer};

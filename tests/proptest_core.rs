@@ -665,7 +665,8 @@ impl Model {
         // Gate-wide: always, as callers were told. Per session: only on the
         // attempt's own record, if it is still tracked.
         match err {
-            AcquireError::Preempted => {}
+            // Not a refusal: counted nowhere (the model never releases).
+            AcquireError::Preempted | AcquireError::Released => {}
             AcquireError::TimedOut => self.stats.timed_out += 1,
             AcquireError::Cancelled => self.stats.cancelled += 1,
             AcquireError::Closed => self.stats.closed += 1,
@@ -688,7 +689,7 @@ impl Model {
             match err {
                 AcquireError::TimedOut => rec.c.timed_out += 1,
                 AcquireError::Cancelled => rec.c.cancelled += 1,
-                AcquireError::Preempted | AcquireError::Closed => {}
+                AcquireError::Preempted | AcquireError::Closed | AcquireError::Released => {}
             }
             if let Some(wait_ns) = wait_ns {
                 rec.c.waits += 1;

@@ -533,6 +533,9 @@ impl Harness {
                     AcquireError::Closed => {
                         return Err(TestCaseError::fail("closed, but nobody closed the core"))
                     }
+                    AcquireError::Released => {
+                        return Err(TestCaseError::fail("released, but nobody released it"))
+                    }
                 }
                 if !l.superseded && !l.preempted {
                     // The core withdrew the session's place (and any grant).

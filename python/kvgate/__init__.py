@@ -17,6 +17,7 @@ shipped header kvgate/kvgate.h.
 from ._errors import (
     AdmissionError,
     BufferTooSmall,
+    CacheHot,
     Cancelled,
     Closed,
     InvalidArgument,
@@ -26,6 +27,7 @@ from ._errors import (
     OutOfOrder,
     Panic,
     Preempted,
+    Released,
     TimedOut,
     UnknownLease,
 )
@@ -41,6 +43,7 @@ from ._session_scheduler import AdmissionPreempted, DisabledLease, SessionAdmiss
 __version__ = "0.2.0"
 
 __all__ = [
+    "CacheHot", "Released",
     "AdmissionError", "AdmissionMode", "AdmissionPreempted", "Attempt", "BufferTooSmall", "Cancelled", "Capacity",
     "Closed", "Config", "DisabledLease", "Gate", "InvalidArgument", "KvgateError", "Lease", "NO_LEASE",
     "NotFound", "OsError", "OutOfOrder", "Panic", "Placement", "PlacementChoice", "Preempted", "Probes", "Reason", "Refused",

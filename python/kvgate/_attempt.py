@@ -199,6 +199,7 @@ class Attempt:
             Status.TIMED_OUT: f"not admitted within timeout_ms = {self.timeout_ms}",
             Status.CANCELLED: "cancelled",
             Status.CLOSED: "the gate is closed",
+            Status.RELEASED: "released to another replica (its cache is gone here)",
         }.get(status, _status_name(status))
         return error_for(status, f"session {who!r}: {what}")
 

@@ -62,6 +62,12 @@ class OsError(KvgateError):
     """KVGATE_OS_ERROR: the OS refused a resource (the wake descriptor)."""
 
 
+class CacheHot(KvgateError):
+    """KVGATE_CACHE_HOT: ``Gate.release_elsewhere`` was asked for a session
+    whose cache the gate holds hot (a member of the working set, or parked
+    in the host tier); its turn keeps its place. Nothing changed."""
+
+
 class AdmissionError(KvgateError):
     """An attempt ended without a lease; ``code`` says why. ``http_status``
     503 (Service Unavailable: not admitted, try again later) unless the
@@ -88,6 +94,13 @@ class Cancelled(AdmissionError):
     ``asyncio.CancelledError`` instead, as asyncio requires."""
 
 
+class Released(AdmissionError):
+    """The host released the waiting turn to another replica
+    (``Gate.release_elsewhere``): the gate counted its cache gone here, so
+    it costs a full prefill wherever it runs. Not a refusal: send it to a
+    replica with room (``http_status`` 503, retried elsewhere)."""
+
+
 class Closed(AdmissionError):
     """The gate was closed before admission (``http_status`` 503)."""
 
@@ -104,6 +117,8 @@ _BY_STATUS: Dict[int, Type[KvgateError]] = {
     Status.TIMED_OUT: TimedOut,
     Status.CANCELLED: Cancelled,
     Status.CLOSED: Closed,
+    Status.RELEASED: Released,
+    Status.CACHE_HOT: CacheHot,
 }
 
 

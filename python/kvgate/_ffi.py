@@ -62,6 +62,8 @@ class Status(enum.IntEnum):
     BUFFER_TOO_SMALL = 9
     OUT_OF_ORDER = 10
     OS_ERROR = 11
+    RELEASED = 12
+    CACHE_HOT = 13
 
 
 class Reason(enum.IntEnum):
@@ -284,6 +286,7 @@ FUNCTIONS = {
         [gate_p, u8_buf, c_size_t, POINTER(kvgate_session_stats), c_size_t],
     ),
     "kvgate_cancel_session": (c_status, [gate_p, u8_buf, c_size_t]),
+    "kvgate_release_elsewhere": (c_status, [gate_p, u8_buf, c_size_t]),
     "kvgate_set_rebuild_cost": (c_status, [gate_p, c_double, c_double]),
     "kvgate_set_max_model_len": (c_status, [gate_p, c_uint64]),
     "kvgate_session_set_budget": (c_status, [gate_p, u8_buf, c_size_t, c_int64, c_int64]),

@@ -397,6 +397,21 @@ class Gate:
         check(status)
         return True
 
+    def release_elsewhere(self, session: Session) -> bool:
+        """Releases the session's waiting turn to another replica, where the
+        gate counts its cache gone (a new, parked or ghost session): its
+        attempt raises Released and it leaves the queue. False if no turn
+        of the session waits here. A session whose cache the gate holds hot
+        raises CacheHot and keeps its place; a gate without working-set
+        admission raises InvalidArgument (it cannot tell)."""
+        sid = _session_bytes(session)
+        with self._use() as g:
+            status = self._lib.kvgate_release_elsewhere(g, sid, len(sid))
+        if status == Status.NOT_FOUND:
+            return False
+        check(status)
+        return True
+
     def set_rebuild_cost(self, secs_per_token: float, secs_per_pair: float) -> None:
         """Tells the gate what the engine's prefill costs: seconds per
         prefilled token and per attended query-key pair (a host that fits its

@@ -97,17 +97,28 @@ pub enum Routing {
     /// does; later turns as `room-replace`: a turn its gate would make wait
     /// moves where a gate tells room for it.
     StickyReplace,
+    /// At its first turn as `sticky-replace`; a turn its gate would make
+    /// wait and whose cache the gate counts gone (a new session, one parked
+    /// or out since its window ended: never a member) moves to the fewest
+    /// sessions among the other replicas whose gate tells room for its
+    /// whole prompt, with nobody waiting to join there (the rule for new
+    /// sessions), and stays there; where none has the room it waits where
+    /// it is. A session whose prefix is still cached is never moved.
+    StickyResume,
 }
 
 impl Routing {
     /// Whether a turn its gate would make wait is placed anew
-    /// (`room-replace`, `sticky-replace`).
+    /// (`room-replace`, `sticky-replace`, `sticky-resume`).
     pub fn replaces(self) -> bool {
-        matches!(self, Self::RoomReplace | Self::StickyReplace)
+        matches!(
+            self,
+            Self::RoomReplace | Self::StickyReplace | Self::StickyResume
+        )
     }
 
-    /// Parses `sticky`, `hash`, `least-loaded`, `room`, `room-replace` or
-    /// `sticky-replace`.
+    /// Parses `sticky`, `hash`, `least-loaded`, `room`, `room-replace`,
+    /// `sticky-replace` or `sticky-resume`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "sticky" => Ok(Self::Sticky),
@@ -116,9 +127,10 @@ impl Routing {
             "room" => Ok(Self::Room),
             "room-replace" => Ok(Self::RoomReplace),
             "sticky-replace" => Ok(Self::StickyReplace),
+            "sticky-resume" => Ok(Self::StickyResume),
             other => Err(format!(
-                "routing `{other}`: expected sticky, hash, least-loaded, room, room-replace \
-                 or sticky-replace"
+                "routing `{other}`: expected sticky, hash, least-loaded, room, room-replace, \
+                 sticky-replace or sticky-resume"
             )),
         }
     }
@@ -708,15 +720,29 @@ impl Sim<'_> {
     /// and the new one sees a new session. Asked again at each wait (each
     /// wake or poll that sleeps again), as a proxy that retries after a
     /// 429 would. Returns whether it moved.
+    ///
+    /// `sticky-resume`: any turn, the first included, but only one whose
+    /// gate counts its cache gone ([`GateDriver::waiting_cache_gone`]),
+    /// moved by the rule for new sessions ([`Router::resume`]).
     fn replace(&mut self, s: usize) -> bool {
         let st = &self.sessions[s];
-        if st.turn == 0 {
+        let resume = self.deployment.routing == Routing::StickyResume;
+        if st.turn == 0 && !resume {
             return false; // a first turn waits where it was placed
         }
         let from = st.replica.expect("routed");
         let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
         let room = room_to_join(self.gate.as_ref(), self.deployment.replicas);
-        let Some(to) = self.router.replace(from, &room, prompt) else {
+        let moved = if resume {
+            let gate = self.gate.as_ref().expect("a gate made it wait");
+            if gate.waiting_cache_gone(s) != Some(true) {
+                return false; // its prefix is still cached here: it stays
+            }
+            self.router.resume(from, &room, prompt)
+        } else {
+            self.router.replace(from, &room, prompt)
+        };
+        let Some(to) = moved else {
             return false;
         };
         let gate = self.gate.as_mut().expect("checked");
@@ -872,12 +898,13 @@ impl Sim<'_> {
             | Routing::Room
             | Routing::RoomReplace
             | Routing::StickyReplace
+            | Routing::StickyResume
                 if st.replica.is_some() =>
             {
                 return
             }
             Routing::Sticky => self.router.assign(),
-            Routing::StickyReplace => {
+            Routing::StickyReplace | Routing::StickyResume => {
                 let room = room_to_join(self.gate.as_ref(), self.deployment.replicas);
                 let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
                 let r = self.router.assign_by_count_where_room(&room, prompt);

@@ -32,7 +32,9 @@ use super::reason::Reason;
 use super::reference::{decide, Decision, Facts};
 use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
-use super::waiters::{Enqueued, Notify, Waiter, ACTIVE, CANCELLED, ENDED, PREEMPTED, WAKE_EVENT};
+use super::waiters::{
+    Enqueued, Notify, Waiter, ACTIVE, CANCELLED, ENDED, PREEMPTED, RELEASED, WAKE_EVENT,
+};
 use super::working_set::{EngineCapacity, TierError, Verdict};
 use super::Core;
 use crate::error::AcquireError;
@@ -735,6 +737,7 @@ impl Machine {
         match self.waiter.fate() {
             PREEMPTED => Some(AcquireError::Preempted),
             CANCELLED => Some(AcquireError::Cancelled),
+            RELEASED => Some(AcquireError::Released),
             _ => None,
         }
     }
@@ -760,6 +763,7 @@ impl Machine {
             err = match self.waiter.fate() {
                 PREEMPTED => AcquireError::Preempted,
                 CANCELLED => AcquireError::Cancelled,
+                RELEASED => AcquireError::Released,
                 other => unreachable!("fate {other} is sealed once, by begin or cancel"),
             };
         }

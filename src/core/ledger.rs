@@ -156,6 +156,12 @@ impl Ledger {
         .1
     }
 
+    /// Whether the session's waiting turn finds its cache gone
+    /// (`WorkingSet::waiting_cache_gone`).
+    pub(crate) fn waiting_cache_gone(&self, key: &SessionKey) -> Option<bool> {
+        self.set.lock().waiting_cache_gone(key)
+    }
+
     /// The core no longer tracks the session: forget what was learned of it.
     pub(crate) fn forget(&self, key: &SessionKey, now: u64) -> Grants {
         self.change(now, |set| {

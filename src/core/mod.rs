@@ -49,7 +49,7 @@ pub use stats::{GateStats, ReservationState, SessionStats};
 pub use waiters::Notify;
 
 use crate::config::{AdmissionMode, Config, ConfigError};
-use crate::error::AcquireError;
+use crate::error::{AcquireError, ReleaseError};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use attempt::Holds;
 use ledger::{Grants, Ledger};
@@ -60,7 +60,7 @@ use sessions::{bump, Expiry, Reservation, SessionKey, SessionRecord, SessionTabl
 use stats::ShardCounters;
 use timers::{TimerQueue, NEVER};
 pub(crate) use waiters::Waiter;
-use waiters::{Waiters, CANCELLED, PREEMPTED};
+use waiters::{Waiters, CANCELLED, PREEMPTED, RELEASED};
 use working_set::{Tuning, TurnReport, WorkingSet};
 
 /// Most timer entries one caller fires at once: bounds the latency a purge
@@ -306,6 +306,8 @@ impl Core {
             AcquireError::TimedOut => c.timed_out.add_locked(1),
             AcquireError::Cancelled => c.cancelled.add_locked(1),
             AcquireError::Closed => c.closed.add(1),
+            // Not a refusal: the host moves the turn (`release_elsewhere`).
+            AcquireError::Released => {}
         }
         let record = map.get_mut(key);
         if let Some(wait_ns) = waited {
@@ -335,7 +337,7 @@ impl Core {
                 AcquireError::Preempted if preempted_by_host => {
                     bump(&mut record.counters.preempted)
                 }
-                AcquireError::Preempted | AcquireError::Closed => {}
+                AcquireError::Preempted | AcquireError::Closed | AcquireError::Released => {}
             }
             if let Some(wait_ns) = waited {
                 bump(&mut record.counters.waits);
@@ -483,6 +485,40 @@ impl Core {
         }
     }
 
+    /// Releases `session`'s waiting turn to another replica, where the
+    /// gate counts its cache gone ([`Core::waiting_cache_gone`]): its
+    /// attempt ends with [`AcquireError::Released`] (woken at once) and it
+    /// leaves the queue, those behind it moving up. A turn of a session
+    /// whose cache the gate holds hot is refused
+    /// ([`ReleaseError::CacheHot`]) and keeps its place; so is a session
+    /// with no turn waiting, or a gate without a working set.
+    pub fn release_elsewhere(&self, session: &[u8], now: u64) -> Result<(), ReleaseError> {
+        let ledger = self.working_set().ok_or(ReleaseError::NoWorkingSet)?;
+        let hash = self.table.hash(session);
+        let key = SessionKey {
+            hash,
+            bytes: session.into(),
+        };
+        match ledger.waiting_cache_gone(&key) {
+            Some(true) => {}
+            Some(false) => return Err(ReleaseError::CacheHot),
+            None => return Err(ReleaseError::NotWaiting),
+        }
+        let shard = self.shard_of_hash(hash);
+        let target = {
+            let mut map = shard.lock();
+            map.find_mut(hash, session)
+                .and_then(|r| r.pending.clone())
+                .filter(|waiter| waiter.set_fate(RELEASED))
+        };
+        let waiter = target.ok_or(ReleaseError::NotWaiting)?;
+        // Out of the queue now, not when the host steps the attempt: a
+        // grant made since the check is undone with it (it never ran).
+        self.hand_over(ledger.withdraw(&key, now));
+        self.waiters.wake_waiter(&waiter);
+        Ok(())
+    }
+
     /// Closes the core: every attempt in progress ends with
     /// [`AcquireError::Closed`] and new ones are refused. Leases already
     /// granted stay valid until released. Idempotent.
@@ -609,6 +645,21 @@ impl Core {
         let mut map = self.shard_of_hash(hash).lock();
         map.find_mut(hash, session)
             .map(|r| session_stats_of(r, now))
+    }
+
+    /// Whether `session`'s waiting turn would run cold here anyway: in
+    /// working-set admission, the gate counts its prefix as evicted (new,
+    /// parked, or out since its window ended) and it waits in the queue.
+    /// `Some(false)`: the gate holds its cache hot (a member, or parked in
+    /// the host tier). `None`: not working-set admission, or the session
+    /// neither waits nor is a member. A host may place such a turn on
+    /// another replica with room: it costs a full prefill wherever it runs.
+    pub fn waiting_cache_gone(&self, session: &[u8]) -> Option<bool> {
+        let key = SessionKey {
+            hash: self.table.hash(session),
+            bytes: session.into(),
+        };
+        self.working_set()?.waiting_cache_gone(&key)
     }
 
     /// Number of timer entries held (live and stale), for memory accounting.

@@ -40,6 +40,9 @@ pub(crate) const CANCELLED: u8 = 2;
 /// The attempt ended by itself (timed out, abandoned, closed): whoever
 /// comes later (a newer attempt, a cancel) finds its fate already sealed.
 pub(crate) const ENDED: u8 = 3;
+/// The host released the waiting attempt to another replica: the gate
+/// counted its cache gone (`Core::release_elsewhere`).
+pub(crate) const RELEASED: u8 = 4;
 
 /// The one wake flag (`Waiter::wake`), swapped to zero by the woken attempt:
 /// a capacity event was handed to this waiter (it was popped from the

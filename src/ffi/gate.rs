@@ -14,7 +14,7 @@ use super::status::{kvgate_reason, kvgate_status};
 use crate::clock::MonotonicClock;
 use crate::core::{Admission, LeaseToken};
 use crate::sync::Arc;
-use crate::{AcquireError, Gate, TurnReport};
+use crate::{AcquireError, Gate, ReleaseError, TurnReport};
 
 /// A lease handle no admission ever has: lease handles start above 0, so 0
 /// can mark "no lease" in host data structures.
@@ -275,6 +275,10 @@ pub(crate) fn acquire_failure(err: AcquireError, session: &[u8], timeout_ms: i64
             format!("session {session}: cancelled by kvgate_cancel_session")
         }
         AcquireError::Closed => format!("session {session}: the gate is closed"),
+        AcquireError::Released => format!(
+            "session {session}: released to another replica by kvgate_release_elsewhere \
+             (its cache is gone here)"
+        ),
     };
     Failure::new(err.into(), message)
 }
@@ -445,6 +449,51 @@ pub unsafe extern "C" fn kvgate_finish_session(
             }?;
         }
         Ok(())
+    })
+}
+
+/// Releases the session's turn waiting for admission to another replica,
+/// where this gate counts its cache gone (a new session, or one parked or
+/// out since its window ended: its next turn costs a full prefill wherever
+/// it runs): its `kvgate_acquire` returns `KVGATE_RELEASED` promptly and it
+/// leaves the queue. Send the turn to a replica with room.
+///
+/// Returns `KVGATE_CACHE_HOT` if the gate holds the session's cache hot (a
+/// member, or parked in the host tier): nothing changes, the turn keeps its
+/// place; `KVGATE_NOT_FOUND` if no turn of the session waits here;
+/// `KVGATE_INVALID_ARGUMENT` for a NULL `gate`, a NULL `session_id` with
+/// a non-zero length, or a gate without working-set admission (it cannot
+/// tell). Thread-safe.
+///
+/// # Safety
+/// `gate` is NULL or a live gate (see `kvgate_free`); `session_id` holds
+/// `session_id_len` bytes if not NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvgate_release_elsewhere(
+    gate: *mut kvgate_gate,
+    session_id: *const u8,
+    session_id_len: usize,
+) -> kvgate_status {
+    ffi_status("kvgate_release_elsewhere", || {
+        // SAFETY: pointer contracts forwarded (caller).
+        let (handle, session) = unsafe {
+            (
+                handles::gate_ref(gate, "gate")?,
+                handles::session_arg(session_id, session_id_len)?,
+            )
+        };
+        let Err(err) = handle.gate.release_elsewhere(session) else {
+            return Ok(());
+        };
+        let status = match err {
+            ReleaseError::CacheHot => kvgate_status::KVGATE_CACHE_HOT,
+            ReleaseError::NotWaiting => kvgate_status::KVGATE_NOT_FOUND,
+            ReleaseError::NoWorkingSet => kvgate_status::KVGATE_INVALID_ARGUMENT,
+        };
+        Err(Failure::new(
+            status,
+            format!("session {}: {err}", SessionName(session)),
+        ))
     })
 }
 

@@ -82,6 +82,7 @@ pub use event_loop::{
     kvgate_attempt_end, kvgate_attempt_free, kvgate_attempt_wake, kvgate_now_ns, kvgate_step,
     kvgate_step_kind, kvgate_tick,
 };
+pub use gate::kvgate_release_elsewhere;
 pub use gate::{
     kvgate_acquire, kvgate_admission, kvgate_cancel_session, kvgate_close, kvgate_finish_session,
     kvgate_free, kvgate_new, kvgate_release, kvgate_release_with_report,

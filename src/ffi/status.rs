@@ -54,11 +54,19 @@ pub enum kvgate_status {
     /// descriptor of `kvgate_waker_new`: too many open files, say); the
     /// message carries its error.
     KVGATE_OS_ERROR = 11,
+    /// `kvgate_acquire` (and an event-loop attempt): the host released the
+    /// waiting turn to another replica with `kvgate_release_elsewhere`, the
+    /// gate counting its cache gone here. Not a refusal: send it elsewhere.
+    KVGATE_RELEASED = 12,
+    /// `kvgate_release_elsewhere`: the gate holds the session's cache hot
+    /// (a member of the working set, or parked in the host tier); the turn
+    /// keeps its place in the queue. Nothing changed.
+    KVGATE_CACHE_HOT = 13,
 }
 
 impl kvgate_status {
     /// Every status, in value order.
-    pub(crate) const ALL: [kvgate_status; 12] = [
+    pub(crate) const ALL: [kvgate_status; 14] = [
         Self::KVGATE_OK,
         Self::KVGATE_PREEMPTED,
         Self::KVGATE_TIMED_OUT,
@@ -71,6 +79,8 @@ impl kvgate_status {
         Self::KVGATE_BUFFER_TOO_SMALL,
         Self::KVGATE_OUT_OF_ORDER,
         Self::KVGATE_OS_ERROR,
+        Self::KVGATE_RELEASED,
+        Self::KVGATE_CACHE_HOT,
     ];
 
     /// The stable lower-case name (`"ok"`, `"preempted"`, ...), NUL-terminated.
@@ -88,6 +98,8 @@ impl kvgate_status {
             Self::KVGATE_BUFFER_TOO_SMALL => b"buffer_too_small\0",
             Self::KVGATE_OUT_OF_ORDER => b"out_of_order\0",
             Self::KVGATE_OS_ERROR => b"os_error\0",
+            Self::KVGATE_RELEASED => b"released\0",
+            Self::KVGATE_CACHE_HOT => b"cache_hot\0",
         }
     }
 }
@@ -99,6 +111,7 @@ impl From<AcquireError> for kvgate_status {
             AcquireError::TimedOut => Self::KVGATE_TIMED_OUT,
             AcquireError::Cancelled => Self::KVGATE_CANCELLED,
             AcquireError::Closed => Self::KVGATE_CLOSED,
+            AcquireError::Released => Self::KVGATE_RELEASED,
         }
     }
 }
@@ -195,13 +208,15 @@ mod tests {
     #[test]
     fn status_values_are_the_contract() {
         let values: Vec<u32> = kvgate_status::ALL.iter().map(|s| *s as u32).collect();
-        assert_eq!(values, (0..12).collect::<Vec<u32>>());
+        assert_eq!(values, (0..14).collect::<Vec<u32>>());
         assert_eq!(text(kvgate_status_str(0)), "ok");
         assert_eq!(text(kvgate_status_str(6)), "unknown_lease");
         assert_eq!(text(kvgate_status_str(9)), "buffer_too_small");
         assert_eq!(text(kvgate_status_str(10)), "out_of_order");
         assert_eq!(text(kvgate_status_str(11)), "os_error");
-        assert_eq!(text(kvgate_status_str(12)), "unknown");
+        assert_eq!(text(kvgate_status_str(12)), "released");
+        assert_eq!(text(kvgate_status_str(13)), "cache_hot");
+        assert_eq!(text(kvgate_status_str(14)), "unknown");
         assert_eq!(text(kvgate_status_str(u32::MAX)), "unknown");
     }
 
@@ -212,6 +227,7 @@ mod tests {
             AcquireError::TimedOut,
             AcquireError::Cancelled,
             AcquireError::Closed,
+            AcquireError::Released,
         ] {
             let status = kvgate_status::from(err);
             assert_eq!(text(kvgate_status_str(status as u32)), err.as_str());

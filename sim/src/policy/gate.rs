@@ -295,6 +295,13 @@ impl GateDriver {
         Some(self.cores.get(replica)?.working_set_stats()?.waiting)
     }
 
+    /// Whether `session`'s waiting turn finds its cache gone at its gate
+    /// ([`kvgate::Core::waiting_cache_gone`]): `Some(true)` new, parked or
+    /// a ghost; `Some(false)` a member; `None` neither, or no working set.
+    pub fn waiting_cache_gone(&self, session: usize) -> Option<bool> {
+        self.cores[self.core_of[session]].waiting_cache_gone(&self.keys[session])
+    }
+
     /// Attempts in progress.
     pub fn live_attempts(&self) -> usize {
         self.attempts.len()

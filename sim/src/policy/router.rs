@@ -17,7 +17,11 @@
 //! its whole prompt ([`Router::replace`]); `sticky-replace` places a new
 //! session on the fewest sessions among the replicas whose gate tells room
 //! for it ([`Router::assign_by_count_where_room`]) and moves as
-//! `room-replace` (the rule of the Python package's `kvgate.Placement`).
+//! `room-replace` (the rule of the Python package's `kvgate.Placement`);
+//! `sticky-resume` places a new session as `sticky-replace` does and moves
+//! a waiting turn whose gate counts its cache gone (a new, parked or ghost
+//! session) to the fewest sessions among the replicas with room for it
+//! ([`Router::resume`]), the rule for new sessions; where it lands it stays.
 
 /// Sessions in flight per replica.
 #[derive(Debug, Clone)]
@@ -178,6 +182,25 @@ impl Router {
             .filter(|&(_, free)| free >= prompt)
             .min_by_key(|&(r, free)| (std::cmp::Reverse(free), self.in_flight[r], r))
             .map(|(r, _)| r)?;
+        self.release(from);
+        self.unseen[to] += prompt;
+        Some(self.assign_to(to))
+    }
+
+    /// Where a waiting turn of a session on `from` goes when `from`'s gate
+    /// counts its cache gone (`sticky-resume`): by the rule for new
+    /// sessions ([`Router::assign_by_count_where_room`]), the fewest
+    /// sessions among the other live replicas whose gate tells room for
+    /// `prompt` tokens (its whole history) beyond the first prompts placed
+    /// there and not admitted yet; ties, the lowest index. The move is
+    /// counted as [`Router::replace`] counts it. `None`: no other replica
+    /// has room, the turn waits where it is.
+    pub fn resume(&mut self, from: usize, room: &[Option<u64>], prompt: u64) -> Option<usize> {
+        assert_eq!(room.len(), self.in_flight.len(), "one figure per replica");
+        let to = (0..room.len())
+            .filter(|&r| r != from && !self.lost[r])
+            .filter(|&r| room[r].is_some_and(|f| f.saturating_sub(self.unseen[r]) >= prompt))
+            .min_by_key(|&r| (self.in_flight[r], r))?;
         self.release(from);
         self.unseen[to] += prompt;
         Some(self.assign_to(to))
@@ -390,6 +413,29 @@ mod tests {
         assert_eq!(r.assign_by_room(&[Some(0), Some(900)], 600), 1);
         assert_eq!(r.replace(0, &[None, Some(900)], 500), None);
         assert_eq!((r.load(0), r.load(1)), (0, 1));
+    }
+
+    #[test]
+    fn a_resumed_turn_goes_to_the_fewest_sessions_among_replicas_with_room() {
+        let mut r = Router::new(4);
+        for replica in [0, 1, 1, 2, 2, 2, 3] {
+            r.assign_to(replica);
+        }
+        // Replica 3 has the fewest sessions but too little room; 1 beats 2
+        // (fewer sessions) though 2 tells more room; 0, emptied, has none.
+        let room = [Some(0), Some(600), Some(900), Some(400)];
+        assert_eq!(r.resume(0, &room, 500), Some(1));
+        assert_eq!((r.load(0), r.load(1)), (0, 3));
+        // Its 500 now count against replica 1: replica 2 takes the next.
+        assert_eq!(r.resume(3, &room, 500), Some(2));
+        // Room short of its prompt, a lost replica's room, one that cannot
+        // tell, its own: the turn waits where it is, counted where it was.
+        r.lose(2);
+        assert_eq!(
+            r.resume(1, &[Some(499), Some(9000), Some(9000), None], 500),
+            None
+        );
+        assert_eq!(r.load(1), 3);
     }
 
     #[test]

@@ -87,6 +87,7 @@ mod lifetimes;
 mod prefix_tree;
 mod queue;
 mod rebuild;
+mod resume;
 mod roster;
 mod rotation_budget;
 mod shared_prefix;
