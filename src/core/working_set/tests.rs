@@ -1052,3 +1052,32 @@ fn a_session_that_compacts_its_history_hangs_again() {
     ws.release(&"a", 3000, report(0, 0), 2, 3);
     assert_eq!(ws.load(), 3000 + 6144, "a's prompt all its own, b's whole");
 }
+
+#[test]
+fn a_parked_session_returns_only_if_the_members_fit_until_it_has_likely_ended() {
+    // Sessions run 10 turns; each turn adds 500 tokens; a turn takes 6 s,
+    // longer than half the 10 s window, so a newcomer must fit only now.
+    let prepared = || {
+        let mut ws = WorkingSet::new(Tuning::default());
+        ws.set_engine(EngineCapacity::new(10_000, 1, 1000.0))
+            .unwrap();
+        for _ in 0..4 {
+            ws.lifetimes.record(10);
+        }
+        ws.means.growth = 500.0;
+        assert_eq!(ws.request(&"m", 2000, 0), Verdict::Empty);
+        ws.release(&"m", 2000, report(0, 0), 0, 6_000_000_000);
+        ws
+    };
+    let mut ws = prepared();
+    assert_eq!(ws.stats().horizon_turns, 1);
+    assert_eq!(ws.request(&"new", 2000, 7_000_000_000), Verdict::Fits);
+    // The same prompt from a session parked after two turns: 7 turns on
+    // both it and m would hold 5,500 tokens, past the 10,000.
+    let mut ws = prepared();
+    let s = ws.slot_or_insert(&"parked");
+    ws.sessions[s].history.turns = 2;
+    ws.sessions[s].history.parked = true;
+    assert_eq!(ws.request(&"parked", 2000, 7_000_000_000), Verdict::Wait);
+    ws.audit().unwrap();
+}
