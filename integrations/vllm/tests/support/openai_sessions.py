@@ -33,15 +33,25 @@ def client_turn(client: openai.AsyncOpenAI, model: str) -> Turn:
     return turn
 
 
-async def run_sessions(url: str, model: str, w: Workload, turn: Optional[Turn] = None) -> float:
+async def run_sessions(
+    url: str, model: str, w: Workload, turn: Optional[Turn] = None, cap: Optional[int] = None
+) -> float:
     """Runs every session of `w` against the server at `url` (or through
     `turn`, e.g. a proxy that places sessions itself); returns the wall time,
-    seconds."""
+    seconds. With `cap`, at most that many sessions run at once, each from
+    its first turn to its last (a fixed cap, as the simulator's `cap-K`)."""
     if turn is None:
         async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600) as client:
-            return await run_sessions(url, model, w, client_turn(client, model))
+            return await run_sessions(url, model, w, client_turn(client, model), cap)
+    slots = asyncio.Semaphore(cap) if cap else None
 
     async def session(s: int) -> None:
+        if slots is None:
+            return await session_turns(s)
+        async with slots:
+            return await session_turns(s)
+
+    async def session_turns(s: int) -> None:
         script = w.session(s)
         await asyncio.sleep(script.start_sec)
         prompt = list(script.first_prompt)
