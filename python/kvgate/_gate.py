@@ -389,13 +389,7 @@ class Gate:
     def cancel_session(self, session: Session) -> bool:
         """Cancels the session's waiting attempt (it raises Cancelled); False
         if none was waiting."""
-        sid = _session_bytes(session)
-        with self._use() as g:
-            status = self._lib.kvgate_cancel_session(g, sid, len(sid))
-        if status == Status.NOT_FOUND:
-            return False
-        check(status)
-        return True
+        return self._on_waiting_turn(self._lib.kvgate_cancel_session, session)
 
     def release_elsewhere(self, session: Session) -> bool:
         """Releases the session's waiting turn to another replica, where the
@@ -404,9 +398,14 @@ class Gate:
         of the session waits here. A session whose cache the gate holds hot
         raises CacheHot and keeps its place; a gate without working-set
         admission raises InvalidArgument (it cannot tell)."""
+        return self._on_waiting_turn(self._lib.kvgate_release_elsewhere, session)
+
+    def _on_waiting_turn(self, call: Callable[..., int], session: Session) -> bool:
+        """Calls `call(gate, id, len)` on the session's waiting turn: False
+        if none waits (NOT_FOUND), True once done; other statuses raise."""
         sid = _session_bytes(session)
         with self._use() as g:
-            status = self._lib.kvgate_release_elsewhere(g, sid, len(sid))
+            status = call(g, sid, len(sid))
         if status == Status.NOT_FOUND:
             return False
         check(status)

@@ -142,16 +142,7 @@ impl PromptSketch {
     /// share a system prompt part somewhere after its last sample, not at
     /// the end of the shorter one.
     pub fn sampled_common_prefix(&self, other: &PromptSketch) -> u64 {
-        let agreeing = self
-            .samples
-            .iter()
-            .zip(other.samples.iter())
-            .take_while(|(a, b)| a == b)
-            .count();
-        match agreeing {
-            0 => 0,
-            i => position(i - 1) as u64 + 2,
-        }
+        self.sampled_common_prefix_bounds(other).0
     }
 
     /// [`PromptSketch::sampled_common_prefix`], and the most the two
