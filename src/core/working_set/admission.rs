@@ -133,11 +133,23 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
             let h = &self.sessions[s].history;
             (need, h, h.turns + 1)
         });
-        let outlook: Vec<(f64, f64, u32)> = members
+        // What the host told bounds the projection: no history outgrows
+        // the engine's longest sequence or the session's token budget, and
+        // none runs past its turn budget.
+        let max_model_len = self.capacity.max_model_len();
+        let outlook: Vec<Outlook> = members
             .chain(joining)
             .map(|(own, h, started)| {
-                let growth = self.means.next_turn_growth(h) as f64;
-                (own as f64, growth, started)
+                let longest = h.budget().tokens.into_iter().chain(max_model_len).min();
+                Outlook {
+                    own: own as f64,
+                    growth: self.means.next_turn_growth(h) as f64,
+                    started,
+                    most: longest.map_or(f64::INFINITY, |t| {
+                        t.saturating_sub(h.shared_credit).max(own) as f64
+                    }),
+                    last_turn: h.budget().turns,
+                }
             })
             .collect();
         let base = (self.shared_tokens() + self.ghost_tokens()) as f64;
@@ -146,12 +158,15 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         (2..=last).all(|k| {
             let load: f64 = outlook
                 .iter()
-                .map(
-                    |&(own, growth, started)| match survival.continuing(started, k) {
-                        Some(p) => p * (own + growth * f64::from(k)),
-                        None => own + growth,
-                    },
-                )
+                .map(|o| {
+                    if o.last_turn.is_some_and(|t| o.started.saturating_add(k) > t) {
+                        return 0.0; // past its turn budget: ended
+                    }
+                    match survival.continuing(o.started, k) {
+                        Some(p) => p * (o.own + o.growth * f64::from(k)).min(o.most),
+                        None => (o.own + o.growth).min(o.most),
+                    }
+                })
                 .sum();
             base + load <= capacity
         })
@@ -311,4 +326,19 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
             out.push((key.clone(), verdict));
         }
     }
+}
+
+/// One session as the window-ahead test projects it.
+struct Outlook {
+    /// Its own tokens now.
+    own: f64,
+    /// What each turn adds.
+    growth: f64,
+    /// The turns it has begun.
+    started: u32,
+    /// The most own tokens it can reach (the host's figures; infinite
+    /// when none was told).
+    most: f64,
+    /// The last turn of its budget, if told.
+    last_turn: Option<u32>,
 }

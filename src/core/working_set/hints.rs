@@ -5,8 +5,9 @@
 //! that would mislead the policy are refused here, before they are
 //! stored, and the gate keeps what it had.
 //!
-//! This module stores them only; the admission rule reads them through
-//! [`WorkingSet::max_model_len`] and [`History::budget`].
+//! This module stores them; the admission rule's window-ahead test reads
+//! them ([`WorkingSet::max_model_len`], [`History::budget`]) to bound how
+//! far it projects a session.
 
 use std::fmt;
 use std::hash::Hash;

@@ -1081,3 +1081,31 @@ fn a_parked_session_returns_only_if_the_members_fit_until_it_has_likely_ended() 
     assert_eq!(ws.request(&"parked", 2000, 7_000_000_000), Verdict::Wait);
     ws.audit().unwrap();
 }
+
+#[test]
+fn the_hosts_budgets_bound_how_far_the_members_are_projected() {
+    // As above: m and a parked session, 2,000 tokens each, would hold
+    // 5,500 each 7 turns on, past the 10,000. With budgets that end them
+    // sooner or keep them smaller, the parked session fits.
+    let prepared = |budget: Budget| {
+        let mut ws = WorkingSet::new(Tuning::default());
+        ws.set_engine(EngineCapacity::new(10_000, 1, 1000.0))
+            .unwrap();
+        for _ in 0..4 {
+            ws.lifetimes.record(10);
+        }
+        ws.means.growth = 500.0;
+        ws.set_budget(&"m", budget).unwrap();
+        ws.set_budget(&"parked", budget).unwrap();
+        assert_eq!(ws.request(&"m", 2000, 0), Verdict::Empty);
+        ws.release(&"m", 2000, report(0, 0), 0, 6_000_000_000);
+        let s = ws.slot_or_insert(&"parked");
+        ws.sessions[s].history.turns = 2;
+        ws.sessions[s].history.parked = true;
+        ws.request(&"parked", 2000, 7_000_000_000)
+    };
+    assert_eq!(prepared(Budget::default()), Verdict::Wait);
+    assert_eq!(prepared(Budget::new(None, Some(4000))), Verdict::Fits);
+    assert_eq!(prepared(Budget::new(Some(4), None)), Verdict::Fits);
+    assert_eq!(prepared(Budget::new(Some(9), None)), Verdict::Wait);
+}
