@@ -296,7 +296,7 @@ impl GateDriver {
     }
 
     /// Whether `session`'s waiting turn finds its cache gone at its gate
-    /// ([`kvgate::Core::waiting_cache_gone`]): `Some(true)` new, parked or
+    /// ([`kvgate::core::Core::waiting_cache_gone`]): `Some(true)` new, parked or
     /// a ghost; `Some(false)` a member; `None` neither, or no working set.
     pub fn waiting_cache_gone(&self, session: usize) -> Option<bool> {
         self.cores[self.core_of[session]].waiting_cache_gone(&self.keys[session])
