@@ -258,5 +258,6 @@ def test_every_kvgate_exception_maps_to_a_valid_http_status(status: Status) -> N
     assert err.code is status
     code = error_response(err, ProxysOwnPreempted).status
     assert 400 <= code <= 599, code
-    want = {Status.PREEMPTED: 409, Status.TIMED_OUT: 503, Status.CANCELLED: 503, Status.CLOSED: 503}
+    want = {s: 503 for s in (Status.TIMED_OUT, Status.CANCELLED, Status.CLOSED, Status.RELEASED)}
+    want[Status.PREEMPTED] = 409
     assert code == want.get(status, 500)
