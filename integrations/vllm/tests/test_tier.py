@@ -109,8 +109,17 @@ def test_the_capacity_probe_answers_the_native_tier_vllm_would_keep(engine: Any,
     assert answer["tier_tokens"] == pytest.approx(answer["tier_bytes"] / 512, abs=BLOCK_SIZE)
     assert answer["reload_tokens_per_sec"] == pytest.approx(55.5e9 / 512)
     # What the gate is told of it.
+    assert answer["max_model_len"] == cfg.model_config.max_model_len
     told = feedback.accept(feedback.answer_of(answer), None)
-    assert told == (feedback.EngineAnswer(GPU_TOKENS, 32, answer["prefill_tokens_per_sec"], answer["tier_tokens"], 55.5e9 / 512), None)
+    want = feedback.EngineAnswer(
+        GPU_TOKENS,
+        32,
+        answer["prefill_tokens_per_sec"],
+        answer["tier_tokens"],
+        55.5e9 / 512,
+        max_model_len=cfg.model_config.max_model_len,
+    )
+    assert told == (want, None)
 
 
 def test_chunks_of_several_blocks_and_an_explicit_transfer_config(engine: Any) -> None:
