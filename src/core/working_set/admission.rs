@@ -89,8 +89,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
 
     /// Whether the members (with a session joining them, needing some more
     /// tokens) fit as they grow over the turns they run in one refill
-    /// window, or, for a session parked before, until the median of the
-    /// rest of its life ([`WorkingSet::fits_ahead`]). `survival` is the curve of
+    /// window ([`WorkingSet::fits_ahead`]). `survival` is the curve of
     /// [`WorkingSet::survival`], made here the first time it is needed:
     /// parking members leaves it as it is, so a caller that parks between
     /// two questions passes the same cell.
@@ -99,25 +98,11 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         survival: &OnceCell<Survival>,
         joining: Option<(Slot, u64)>,
     ) -> bool {
-        // A session parked before has paid one rebuild for the room others
-        // took; let back in where the members outgrow the cache before it
-        // is likely to have ended, it (or another long member) is parked
-        // again, at a longer history. So it must fit until the median of
-        // the rest of its life, where a newcomer, cheap to park, needs only
-        // the window.
-        let window = self.means.turns_in(self.window_ns());
-        let returning = joining.filter(|&(s, _)| self.sessions[s].history.parked);
-        if window < 2 && returning.is_none() {
-            return true;
-        }
-        let survival = survival.get_or_init(|| self.survival());
-        let horizon = match returning {
-            Some((s, _)) => window.max(survival.median_rest(self.sessions[s].history.turns + 1)),
-            None => window,
-        };
+        let horizon = self.means.turns_in(self.window_ns());
         if horizon < 2 {
             return true;
         }
+        let survival = survival.get_or_init(|| self.survival());
         // Further ahead than anyone is known to have run, only the
         // sessions past what was measured remain, as they are.
         let last = horizon.min(survival.reach());
@@ -285,7 +270,6 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         let victim = self.idle.iter(&self.sessions).find(|&s| Some(s) != keep)?;
         let own = self.own(victim, self.sessions[victim].member()?.footprint);
         let prefix = self.prefix_of(victim);
-        self.sessions[victim].history.parked = true;
         self.leave(victim, now, super::lifecycle::Leaving::BetweenTurns);
         self.parked += 1;
         Some((prefix, own))

@@ -164,9 +164,6 @@ pub(super) struct History {
     pub(super) gaps: Gaps,
     /// What the host told of how far it runs (module `hints`).
     pub(super) budget: super::hints::Budget,
-    /// It was parked to make room and has not joined since: its history
-    /// was rebuilt once for the room others took.
-    pub(super) parked: bool,
 }
 
 impl History {
@@ -278,7 +275,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         });
         self.member_count += 1;
         self.sessions[s].history.last_prompt = w.prompt;
-        self.sessions[s].history.parked = false;
     }
 
     /// The session at `s` leaves the working set, if it is a member

@@ -138,16 +138,6 @@ impl Survival {
         (self.curve.len() as u32).saturating_sub(1)
     }
 
-    /// How many turns on a session that has begun `started` turns has more
-    /// likely ended than not: the median of the rest of its life, as far
-    /// as the curve reaches.
-    pub(crate) fn median_rest(&self, started: u32) -> u32 {
-        let from = started.max(1);
-        (1..=self.reach().saturating_sub(from))
-            .find(|&k| self.continuing(from, k).is_none_or(|p| p < 0.5))
-            .unwrap_or_else(|| self.reach().saturating_sub(from))
-    }
-
     /// The chance that a session that has begun `started` turns begins
     /// `ahead` more; `None` past what was measured.
     pub(crate) fn continuing(&self, started: u32, ahead: u32) -> Option<f64> {
@@ -213,23 +203,6 @@ mod tests {
         assert_eq!(s.continuing(4, 2), Some(0.5));
         assert_eq!(s.continuing(5, 1), Some(1.0));
         assert_eq!(s.continuing(6, 1), None);
-    }
-
-    #[test]
-    fn the_median_rest_is_where_half_of_those_this_far_have_ended() {
-        let mut l = Lifetimes::default();
-        for t in [10, 20, 30, 40] {
-            l.record(t);
-        }
-        let s = l.survival(std::iter::empty());
-        // From its first turn, a session begins a 30th with chance 1/2 and
-        // a 31st with 1/4: 30 turns on it has more likely ended.
-        assert_eq!(s.median_rest(1), 30);
-        // Having begun 25, it is one of the two that ran 30 and 40: a
-        // 41st turn (16 on) is past both.
-        assert_eq!(s.median_rest(25), 16);
-        assert_eq!(s.median_rest(40), 1, "the longest seen ends here");
-        assert_eq!(s.median_rest(50), 0, "past what was measured");
     }
 
     #[test]
