@@ -25,17 +25,17 @@ use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::time::Duration;
 
-use super::ledger::{EngineAnswers, Grants, Turn};
-use super::policy::Policy;
+use super::ledger::Turn;
+use super::policy::{Holds, Pass};
 use super::prompt::PromptSketch;
 use super::reason::Reason;
-use super::reference::{decide, Decision, Facts};
+use super::reference::{Decision, Facts};
 use super::sessions::{SessionKey, ShardMap};
 use super::stats::Probed;
 use super::waiters::{
     Enqueued, Notify, Waiter, ACTIVE, CANCELLED, ENDED, PREEMPTED, RELEASED, WAKE_EVENT,
 };
-use super::working_set::{EngineCapacity, TierError, Verdict};
+use super::working_set::{EngineCapacity, TierError};
 use super::Core;
 use crate::error::AcquireError;
 use crate::probe::ProbeAnswer;
@@ -137,18 +137,6 @@ pub struct LeaseToken {
     admission: Admission,
     holds: Holds,
     turn: Turn,
-}
-
-/// What a lease holds of its session, by admission mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Holds {
-    /// Nothing: a reference-mode lease that does not retain the session.
-    Nothing,
-    /// Reference mode: the session's ownership window, by id.
-    Window(u64),
-    /// Working-set mode: the session's stay in the working set that the
-    /// turn was admitted in ([`WorkingSet::membership`](super::working_set::WorkingSet::membership)).
-    Stay(u64),
 }
 
 impl fmt::Debug for LeaseToken {
@@ -598,23 +586,35 @@ impl Machine {
                 .is_some_and(|p| Arc::ptr_eq(p, &self.waiter)),
             "an attempt whose fate is open is its session's pending one"
         );
-        self.facts.reserved = record.reservation.held_at(now);
-        let (decision, stay, grants) = self.ask_policy(core.policy(), now);
+        if !core.policy().passes_capacity_events() {
+            // The event is the grant itself, which the ledger keeps: one
+            // handed over earlier is collected by this request, one
+            // handed over after it sets the bit again, so the sleep below
+            // looks again. Taken here so that a bit left from a grant
+            // withdrawn meanwhile (its session was finished) does not make
+            // each later wait look again at the same instant, asking the
+            // usage probe in a loop.
+            self.take_event();
+        }
+        let pass = Pass {
+            key: &self.key,
+            prompt_len: self.prompt_len,
+            sketch: self.sketch.as_ref(),
+            facts: self.facts,
+            capacity: self.capacity,
+            says_tier: self.says_tier,
+        };
+        let (decision, holds, grants) = core.policy().decide(record, pass, now);
         let step = match decision {
             Decision::Admit(reason) => {
                 let grant = Grant {
                     reason,
                     prompt_len: self.prompt_len,
                     waited: self.waited.then(|| now.saturating_sub(self.started)),
+                    holds,
                 };
-                let (lease_id, window) =
-                    core.grant(record, ids, index, &shard.counters, grant, now);
+                let (lease_id, holds) = core.grant(record, ids, index, &shard.counters, grant, now);
                 drop(guard);
-                let holds = match (stay, window) {
-                    (Some(stay), _) => Holds::Stay(stay),
-                    (None, Some(window)) => Holds::Window(window),
-                    (None, None) => Holds::Nothing,
-                };
                 self.admitted(core, reason, lease_id, holds, now)
             }
             Decision::AskPrefix => {
@@ -630,37 +630,6 @@ impl Machine {
         };
         core.hand_over(grants);
         step
-    }
-
-    /// What the policy in force decides on this pass's answers: the seed's
-    /// table, or the working set's ledger (then also the session's stay,
-    /// and the grants the request handed to others). Called under the
-    /// session's lock.
-    fn ask_policy(&mut self, policy: &Policy, now: u64) -> (Decision, Option<u64>, Grants) {
-        match policy {
-            Policy::Reference(thresholds) => {
-                (decide(*thresholds, self.facts), None, Grants::default())
-            }
-            Policy::WorkingSet(ledger) => {
-                // The event is the grant itself, which the ledger keeps: one
-                // handed over earlier is collected by this request, one
-                // handed over after it sets the bit again, so the sleep below
-                // looks again. Taken here so that a bit left from a grant
-                // withdrawn meanwhile (its session was finished) does not make
-                // each later wait look again at the same instant, asking the
-                // usage probe in a loop.
-                self.take_event();
-                let engine = EngineAnswers {
-                    usage: self.facts.usage.and_then(ProbeAnswer::value),
-                    capacity: self.capacity,
-                    says_tier: self.says_tier,
-                };
-                let key = &self.key;
-                let (verdict, stay, grants) =
-                    ledger.request(key, self.prompt_len, self.sketch.as_ref(), engine, now);
-                (working_set_decision(verdict), Some(stay), grants)
-            }
-        }
     }
 
     /// The step of an admission granted as `lease_id`, holding `holds`;
@@ -686,8 +655,9 @@ impl Machine {
             waited: self.waited,
             usage: self.facts.usage.and_then(ProbeAnswer::value),
             hit_ratio: self.facts.prefix.and_then(ProbeAnswer::value),
-            retain_session: matches!(holds, Holds::Window(_))
-                || core.policy().every_admission_retains(),
+            // A window of the seed's table, or a stay in the working set
+            // (which every admission there holds).
+            retain_session: holds != Holds::Nothing,
         };
         let turn = Turn {
             prompt_len: self.prompt_len,
@@ -776,18 +746,6 @@ impl Machine {
     }
 }
 
-/// The working set's verdict as a step of the decision.
-fn working_set_decision(verdict: Verdict) -> Decision {
-    match verdict {
-        Verdict::Member => Decision::Admit(Reason::ReservedSession),
-        Verdict::Fits => Decision::Admit(Reason::FitsWorkingSet),
-        Verdict::Empty => Decision::Admit(Reason::EmptyWorkingSet),
-        Verdict::WaitBound => Decision::Admit(Reason::WaitBound),
-        Verdict::RunningColdPays => Decision::Admit(Reason::RunningColdPays),
-        Verdict::Wait => Decision::Wait,
-    }
-}
-
 /// What an admission records (see `Core::grant`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Grant {
@@ -795,6 +753,8 @@ pub(crate) struct Grant {
     pub(crate) prompt_len: usize,
     /// The attempt's time from start to admission, if it slept.
     pub(crate) waited: Option<u64>,
+    /// What the policy's decision holds (`Policy::decide`).
+    pub(crate) holds: Holds,
 }
 
 #[cfg(test)]

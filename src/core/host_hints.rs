@@ -6,7 +6,7 @@
 
 use super::sessions::SessionKey;
 use super::summary::{self, SummaryError};
-use super::working_set::{Budget, EngineCapacity, HintError, Learned};
+use super::working_set::{Budget, EngineCapacity, HintError};
 use super::Core;
 
 impl Core {
@@ -16,9 +16,7 @@ impl Core {
     /// apart from its probes (the C ABI's).
     pub fn set_max_model_len(&self, tokens: u64, now: u64) -> Result<(), HintError> {
         let answer = EngineCapacity::default().with_max_model_len(tokens)?;
-        if let Some(ledger) = self.working_set() {
-            self.hand_over(ledger.set_max_model_len(answer, now));
-        }
+        self.hand_over(self.policy.set_max_model_len(answer, now));
         Ok(())
     }
 
@@ -32,15 +30,12 @@ impl Core {
         budget: Budget,
         now: u64,
     ) -> Result<(), HintError> {
-        let Some(ledger) = self.working_set() else {
-            // Reference mode stores nothing, but refuses what it would.
-            return budget.check(None);
-        };
         let key = SessionKey {
             hash: self.table.hash(session),
             bytes: session.into(),
         };
-        let (result, grants) = ledger.set_budget(&key, budget, now);
+        // Reference mode stores nothing, but refuses what it would.
+        let (result, grants) = self.policy.set_budget(&key, budget, now);
         self.hand_over(grants);
         result
     }
@@ -48,11 +43,7 @@ impl Core {
     /// What the working set learned, as a summary's bytes (reference mode:
     /// a summary of nothing learned).
     pub fn save_summary(&self) -> Vec<u8> {
-        let learned = match self.working_set() {
-            Some(ledger) => ledger.learned(),
-            None => Learned::nothing(),
-        };
-        summary::encode(&learned)
+        summary::encode(&self.policy.learned())
     }
 
     /// Adopts a saved summary, whole or not at all: refused if truncated,
@@ -61,10 +52,7 @@ impl Core {
     /// Reference mode checks the bytes and keeps nothing.
     pub fn load_summary(&self, bytes: &[u8], now: u64) -> Result<(), SummaryError> {
         let learned = summary::decode(bytes)?;
-        let Some(ledger) = self.working_set() else {
-            return Ok(());
-        };
-        let (result, grants) = ledger.adopt(learned, now);
+        let (result, grants) = self.policy.adopt(learned, now);
         self.hand_over(grants);
         result
     }

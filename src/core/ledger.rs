@@ -16,19 +16,30 @@ use super::working_set::{
 };
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
-/// What a change to the working set asks of the core: the sessions it let
-/// in (to be woken through their records), and whether its next deadline
-/// moved earlier (a sleeper that folded the old one in must ask again).
+/// What a change to the policy asks of the core: the sessions the working
+/// set let in (to be woken through their records), whether its next
+/// deadline moved earlier (a sleeper that folded the old one in must ask
+/// again), and whether room is to be announced as a capacity event (the
+/// seed's table).
 #[derive(Debug, Default)]
 pub(crate) struct Grants {
     pub(crate) sessions: Vec<(SessionKey, Verdict)>,
     pub(crate) deadline_earlier: bool,
+    pub(crate) capacity_event: bool,
 }
 
 impl Grants {
+    pub(crate) fn capacity_event() -> Self {
+        Self {
+            capacity_event: true,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn extend(&mut self, other: Grants) {
         self.sessions.extend(other.sessions);
         self.deadline_earlier |= other.deadline_earlier;
+        self.capacity_event |= other.capacity_event;
     }
 }
 

@@ -51,12 +51,11 @@ pub use waiters::Notify;
 use crate::config::{AdmissionMode, Config, ConfigError};
 use crate::error::{AcquireError, ReleaseError};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
-use attempt::Holds;
 use ledger::{Grants, Ledger};
-use policy::Policy;
-use reference::Thresholds;
+use policy::{Holds, Policy};
+use reference::{Table, Thresholds};
 use sessions::session_stats_of;
-use sessions::{bump, Expiry, Reservation, SessionKey, SessionRecord, SessionTable};
+use sessions::{bump, SessionKey, SessionRecord, SessionTable};
 use stats::ShardCounters;
 use timers::{TimerQueue, NEVER};
 pub(crate) use waiters::Waiter;
@@ -79,15 +78,13 @@ pub fn default_shard_count() -> usize {
 
 /// The gate's shared state, driven through [`Attempt`]s.
 pub struct Core {
-    /// The admission policy in force: every place the two differ matches on it.
+    /// The admission policy in force, told of every event of the lifecycle.
     policy: Policy,
     config: Config,
     poll_ns: u64,
-    grace_ns: u64,
     retention_ns: u64,
     table: SessionTable,
     waiters: Waiters,
-    grace_timers: TimerQueue,
     retire_timers: TimerQueue,
     /// Bumped by every capacity event (release, finish, expiry) before its
     /// waiter is woken: an attempt that saw it change while it was probing
@@ -133,20 +130,21 @@ impl Core {
         }
         let policy = match config.admission {
             AdmissionMode::WorkingSet => Policy::WorkingSet(Ledger::new(WorkingSet::new(tuning))),
-            AdmissionMode::Reference => Policy::Reference(Thresholds {
-                high_watermark: config.high_watermark,
-                hit_threshold: config.hit_threshold,
-            }),
+            AdmissionMode::Reference => Policy::Reference(Table::new(
+                Thresholds {
+                    high_watermark: config.high_watermark,
+                    hit_threshold: config.hit_threshold,
+                },
+                config.idle_grace_ns(),
+            )),
         };
         Ok(Self {
             policy,
             poll_ns: config.wait_poll_ns(),
-            grace_ns: config.idle_grace_ns(),
             retention_ns: config.session_retention_ns(),
             config,
             table: SessionTable::new(shards.trailing_zeros()),
             waiters: Waiters::new(),
-            grace_timers: TimerQueue::new(),
             retire_timers: TimerQueue::new(),
             epoch: AtomicU64::new(0),
             closed: AtomicBool::new(false),
@@ -181,14 +179,14 @@ impl Core {
     /// ([`Attempt::set_prompt_sketch`]): working-set admission does, the
     /// reference table does not (a driver need not build them).
     pub fn wants_prompt_sketch(&self) -> bool {
-        self.working_set().is_some()
+        self.policy.reads_capacity()
     }
 
     /// Whether admission uses the engine's capacity (the capacity probe's
     /// answer with each usage answer): working-set admission does, the
     /// reference table does not (a driver must not ask the engine for it).
     pub fn wants_capacity(&self) -> bool {
-        self.working_set().is_some()
+        self.policy.reads_capacity()
     }
 
     /// Makes `waiter` (which nobody else holds) the pending attempt of
@@ -238,9 +236,8 @@ impl Core {
     }
 
     /// Grants the lease of an admission decided for `record`'s pending
-    /// attempt, under its shard's lock: the reservation row of the state
-    /// table, the record's and the shard's accounting. Returns the lease id
-    /// and the window the lease holds, if it retains the session.
+    /// attempt, under its shard's lock: the policy's hold, the record's
+    /// and the shard's accounting. Returns the lease id and what it holds.
     fn grant(
         &self,
         record: &mut SessionRecord,
@@ -249,23 +246,11 @@ impl Core {
         c: &ShardCounters,
         grant: attempt::Grant,
         now: u64,
-    ) -> (u64, Option<u64>) {
+    ) -> (u64, Holds) {
         let bits = self.table.shard_bits();
-        // In working-set admission the ledger holds the session's place; the
-        // record's reservation (the reference's window) is not used.
-        let retains = grant.reason.retains_session() && self.working_set().is_none();
-        let window = retains.then(|| {
-            let admitted = record.reservation.admit(now, || ids.mint(index, bits));
-            if let Some(until) = admitted.expired {
-                // Over before this decision but not purged yet (the pass
-                // purged when it began): it ended by expiry, so count it
-                // as `purge` would, before the new window replaces it.
-                c.grace_expired.add_locked(1);
-                record.window_ended = until;
-            }
-            self.set_reservation(record, admitted.next, c);
-            admitted.window
-        });
+        let mint = || ids.mint(index, bits);
+        let (reason, holds) = (grant.reason, grant.holds);
+        let holds = (self.policy).admit(record, reason, holds, c, &self.waiters, now, mint);
         record.pending = None;
         record.active_leases += 1;
         record.last_admitted_prompt_len = u32::try_from(grant.prompt_len).unwrap_or(u32::MAX);
@@ -277,7 +262,7 @@ impl Core {
         c.admissions[grant.reason.index()].add_locked(1);
         c.active_leases.add_locked(1);
         c.pending_attempts.sub_locked(1);
-        (ids.mint(index, bits), window)
+        (ids.mint(index, bits), holds)
     }
 
     /// Accounts for an attempt that ended with `err` (its fate sealed by
@@ -350,17 +335,15 @@ impl Core {
             }
         }
         drop(map);
-        if let Some(ledger) = self.working_set() {
-            let mut grants = if withdraw {
-                ledger.withdraw(key, now)
-            } else {
-                Grants::default()
-            };
-            if forget {
-                grants.extend(ledger.forget(key, now));
-            }
-            self.hand_over(grants);
+        let mut grants = if withdraw {
+            self.policy.withdraw(key, now)
+        } else {
+            Grants::default()
+        };
+        if forget {
+            grants.extend(self.policy.forget(key, now));
         }
+        self.hand_over(grants);
     }
 
     /// Releases a lease at `now` and hands the freed capacity to one waiter.
@@ -385,12 +368,8 @@ impl Core {
                 record.last_activity = now;
                 shard.counters.active_leases.sub_locked(1);
                 shard.counters.releases.add_locked(1);
-                if let Holds::Window(window) = holds {
-                    let next = record.reservation.release(window, now, self.grace_ns);
-                    if next != record.reservation {
-                        self.set_reservation(record, next, &shard.counters);
-                    }
-                }
+                let c = &shard.counters;
+                (self.policy).release_record(record, holds, c, &self.waiters, now);
                 debug_assert_eq!(admission.lease_id & self.shard_mask(), index as u64);
                 if self.settle(record, now, &shard.counters) {
                     map.remove(&key);
@@ -400,21 +379,11 @@ impl Core {
                 debug_assert!(false, "a record with a live lease is never dropped");
             }
         }
-        match self.policy.ledger() {
-            None => self.capacity_event(),
-            Some(ledger) => {
-                let stay = match holds {
-                    Holds::Stay(stay) => stay,
-                    // Not granted by the ledger: no stay of it can match.
-                    Holds::Nothing | Holds::Window(_) => 0,
-                };
-                let mut grants = ledger.release(&key, stay, turn, report, now);
-                if forget {
-                    grants.extend(ledger.forget(&key, now));
-                }
-                self.hand_over(grants);
-            }
+        let mut grants = self.policy.release(&key, holds, turn, report, now);
+        if forget {
+            grants.extend(self.policy.forget(&key, now));
         }
+        self.hand_over(grants);
     }
 
     /// Ends `session`'s ownership window (and forgets the session once it
@@ -430,8 +399,7 @@ impl Core {
         let last = {
             let mut map = shard.lock();
             let found = map.find_mut(hash, session).map(|record| {
-                let next = record.reservation.finish();
-                self.set_reservation(record, next, &shard.counters);
+                (self.policy).finish_record(record, &shard.counters, &self.waiters);
                 record.finished = true;
                 shard.counters.sessions_finished.add_locked(1);
                 let forget = self.settle(record, now, &shard.counters);
@@ -450,17 +418,7 @@ impl Core {
         // Unlike the reference (which notifies on every finish), finishing a
         // session the gate does not track frees nothing, so it wakes nobody:
         // a waiter woken for it would only re-probe the engine for nothing.
-        match self.policy.ledger() {
-            None if last.is_some() => self.capacity_event(),
-            None => {}
-            Some(ledger) => {
-                let key = SessionKey {
-                    hash,
-                    bytes: session.into(),
-                };
-                self.hand_over(ledger.finish(&key, now));
-            }
-        }
+        self.hand_over(self.policy.finish(hash, session, last.is_some(), now));
         last
     }
 
@@ -493,17 +451,12 @@ impl Core {
     /// ([`ReleaseError::CacheHot`]) and keeps its place; so is a session
     /// with no turn waiting, or a gate without a working set.
     pub fn release_elsewhere(&self, session: &[u8], now: u64) -> Result<(), ReleaseError> {
-        let ledger = self.working_set().ok_or(ReleaseError::NoWorkingSet)?;
         let hash = self.table.hash(session);
         let key = SessionKey {
             hash,
             bytes: session.into(),
         };
-        match ledger.waiting_cache_gone(&key) {
-            Some(true) => {}
-            Some(false) => return Err(ReleaseError::CacheHot),
-            None => return Err(ReleaseError::NotWaiting),
-        }
+        self.policy.may_release_elsewhere(&key)?;
         let shard = self.shard_of_hash(hash);
         let target = {
             let mut map = shard.lock();
@@ -514,7 +467,7 @@ impl Core {
         let waiter = target.ok_or(ReleaseError::NotWaiting)?;
         // Out of the queue now, not when the host steps the attempt: a
         // grant made since the check is undone with it (it never ran).
-        self.hand_over(ledger.withdraw(&key, now));
+        self.hand_over(self.policy.withdraw(&key, now));
         self.waiters.wake_waiter(&waiter);
         Ok(())
     }
@@ -548,10 +501,7 @@ impl Core {
     /// nudged to ask again. Retirements (memory only) are not included: any
     /// later call fires them.
     pub fn next_deadline(&self) -> Option<u64> {
-        let earliest = match self.policy.ledger() {
-            None => self.grace_timers.earliest(),
-            Some(ledger) => ledger.deadline(),
-        };
+        let earliest = self.policy.deadline();
         (earliest != NEVER).then_some(earliest)
     }
 
@@ -559,45 +509,14 @@ impl Core {
     /// point; hosts need not call it, but may (e.g. before scraping stats,
     /// or a driver with no sleeping attempt at [`Core::next_deadline`]).
     pub fn purge(&self, now: u64) {
-        if let Some(ledger) = self.working_set() {
-            if now >= ledger.deadline() {
-                self.hand_over(ledger.purge(now));
-            }
-        }
-        if now < self.grace_timers.earliest() && now < self.retire_timers.earliest() {
+        self.hand_over(self.policy.purge(now));
+        if now < self.policy.windows_earliest() && now < self.retire_timers.earliest() {
             return; // the fast path: nothing due
         }
+        let settle = |record: &mut SessionRecord, c: &ShardCounters| self.settle(record, now, c);
+        let expired =
+            (self.policy).expire_windows(now, PURGE_BATCH, &self.table, &self.waiters, settle);
         let mut due = Vec::new();
-        let mut expired = false;
-        self.grace_timers.pop_due(now, PURGE_BATCH, &mut due);
-        for (deadline, hash) in due.drain(..) {
-            let shard = self.shard_of_hash(hash);
-            let mut map = shard.lock();
-            // Stale (superseded by a re-arm, or the record is gone) unless a
-            // record of this hash still has its entry due at this deadline.
-            let Some(record) = map.find_by_hash(hash, |r| r.grace_timer == deadline) else {
-                continue;
-            };
-            record.grace_timer = NEVER;
-            match record.reservation.expire(now) {
-                Expiry::Expired { until } => {
-                    self.set_reservation(record, Reservation::None, &shard.counters);
-                    record.window_ended = until;
-                    shard.counters.grace_expired.add_locked(1);
-                    expired = true;
-                    if self.settle(record, now, &shard.counters) {
-                        let key = record.key.clone();
-                        map.remove(&key);
-                    }
-                }
-                Expiry::NotYet { until } => {
-                    // The window was renewed after this entry was armed.
-                    record.grace_timer = until;
-                    self.arm_grace(until, hash);
-                }
-                Expiry::NoWindow => {}
-            }
-        }
         self.retire_timers.pop_due(now, PURGE_BATCH, &mut due);
         for (deadline, hash) in due.drain(..) {
             let shard = self.shard_of_hash(hash);
@@ -610,9 +529,7 @@ impl Core {
                 let key = record.key.clone();
                 map.remove(&key);
                 drop(map);
-                if let Some(ledger) = self.working_set() {
-                    self.hand_over(ledger.forget(&key, now));
-                }
+                self.hand_over(self.policy.forget(&key, now));
             }
         }
         if expired {
@@ -623,7 +540,7 @@ impl Core {
     /// A snapshot of the gate-wide figures at `now` (every due expiry and
     /// retirement fired first, however many).
     pub fn stats(&self, now: u64) -> GateStats {
-        while self.grace_timers.earliest() <= now || self.retire_timers.earliest() <= now {
+        while self.policy.windows_earliest() <= now || self.retire_timers.earliest() <= now {
             self.purge(now);
         }
         let mut s = GateStats::default();
@@ -631,9 +548,9 @@ impl Core {
             shard.counters.add_into(&mut s);
         }
         s.waiting_attempts = self.waiters.sleeping() as u64;
-        if let Some(ledger) = self.working_set() {
-            self.hand_over(ledger.purge(now));
-            s.working_set = ledger.stats();
+        self.hand_over(self.policy.purge(now));
+        if let Some(working_set) = self.policy.stats() {
+            s.working_set = working_set;
         }
         s
     }
@@ -659,12 +576,12 @@ impl Core {
             hash: self.table.hash(session),
             bytes: session.into(),
         };
-        self.working_set()?.waiting_cache_gone(&key)
+        self.policy.waiting_cache_gone(&key)
     }
 
     /// Number of timer entries held (live and stale), for memory accounting.
     pub fn timer_entries(&self) -> usize {
-        self.grace_timers.len() + self.retire_timers.len()
+        self.policy.timer_entries() + self.retire_timers.len()
     }
 
     // ---- internals shared with `Attempt` ----
@@ -686,9 +603,12 @@ impl Core {
     /// each with an event, so that their next pass collects the grant. A
     /// session with no attempt waiting keeps its grant for the next one.
     fn hand_over(&self, grants: Grants) {
+        if grants.capacity_event {
+            self.capacity_event();
+        }
         if grants.deadline_earlier {
-            // The handshake of `arm_grace`: the deadline is published (by
-            // the ledger's store), now read "asleep".
+            // The handshake of `reference::Table::arm`: the deadline is
+            // published (by the ledger's store), now read "asleep".
             crate::sync::dekker_fence();
             self.nudge_a_sleeper();
         }
@@ -715,28 +635,8 @@ impl Core {
         &self.policy
     }
 
-    /// The working set's ledger, in working-set admission.
-    fn working_set(&self) -> Option<&Ledger> {
-        self.policy.ledger()
-    }
-
     fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::SeqCst)
-    }
-
-    /// Arms a grace expiry; if it became the earliest deadline, sleepers
-    /// folded a later one (or none) into their sleep: one is nudged to ask
-    /// [`Core::next_deadline`] again.
-    fn arm_grace(&self, until: u64, hash: u64) {
-        if self.grace_timers.arm(until, hash) {
-            // The waker's half of the handshake with `Waiters::enqueue`: the
-            // deadline is written (armed), now read "asleep". A sleeper
-            // either reads this deadline after registering or is seen here.
-            crate::sync::dekker_fence();
-            if self.waiters.sleeping() > 0 {
-                self.waiters.nudge_newest();
-            }
-        }
     }
 
     /// Wakes one sleeper (the newest) with nothing to take, so that its
@@ -763,28 +663,6 @@ impl Core {
         if self.waiters.sleeping() > 0 {
             self.waiters.wake_one();
         }
-    }
-
-    /// Moves `record` to reservation `next`, keeping gauges and timers right.
-    fn set_reservation(&self, record: &mut SessionRecord, next: Reservation, c: &ShardCounters) {
-        match record.reservation {
-            Reservation::None => {}
-            Reservation::InFlight { .. } => c.reserved_in_flight.sub_locked(1),
-            Reservation::Grace { .. } => c.reserved_in_grace.sub_locked(1),
-        }
-        match next {
-            Reservation::None => {}
-            Reservation::InFlight { .. } => c.reserved_in_flight.add_locked(1),
-            Reservation::Grace { until, .. } => {
-                c.reserved_in_grace.add_locked(1);
-                // One live entry per record: an earlier entry re-arms itself when it fires.
-                if record.grace_timer == NEVER || record.grace_timer > until {
-                    record.grace_timer = until;
-                    self.arm_grace(until, record.key.hash);
-                }
-            }
-        }
-        record.reservation = next;
     }
 
     /// After any change to `record`: arms its retirement if it just became

@@ -1,6 +1,7 @@
-//! The seed's admission table (`reference` mode). A driver reaches a
-//! reference decision through [`decide`] alone; the working set's rules are
-//! in `working_set`.
+//! The seed's admission table (`reference` mode) and the sessions'
+//! reservations it keeps ([`Table`]). A driver reaches a reference
+//! decision through [`decide`] alone; the working set's rules are in
+//! `working_set`.
 //!
 //! ```text
 //! usage unavailable or < high_watermark ─────────────▶ admit "open"
@@ -12,6 +13,10 @@
 //! ```
 
 use super::reason::Reason;
+use super::sessions::{Expiry, Reservation, SessionRecord, SessionTable};
+use super::stats::ShardCounters;
+use super::timers::{TimerQueue, NEVER};
+use super::waiters::Waiters;
 use crate::probe::ProbeAnswer;
 
 /// The two thresholds the table compares against.
@@ -59,6 +64,180 @@ pub(crate) fn decide(t: Thresholds, facts: Facts) -> Decision {
             Some(hit) if hit >= t.hit_threshold => Decision::Admit(Reason::ResidentPrefix),
             Some(_) => Decision::Wait,
         },
+    }
+}
+
+/// The seed's table as a core runs it: its thresholds, and the sessions'
+/// reservations with their grace windows. A reservation lives in its
+/// session's record (under its shard's lock, like every figure of the
+/// session) and is transitioned here alone, by the rows of
+/// [`Reservation`]'s state table; the grace timers are this table's.
+#[derive(Debug)]
+pub(crate) struct Table {
+    thresholds: Thresholds,
+    grace_ns: u64,
+    timers: TimerQueue,
+}
+
+impl Table {
+    pub(crate) fn new(thresholds: Thresholds, grace_ns: u64) -> Self {
+        Self {
+            thresholds,
+            grace_ns,
+            timers: TimerQueue::new(),
+        }
+    }
+
+    /// The table's decision on a pass's `facts` and `record`'s reservation.
+    pub(crate) fn decide(&self, record: &SessionRecord, facts: Facts, now: u64) -> Decision {
+        let reserved = record.reservation.held_at(now);
+        decide(self.thresholds, Facts { reserved, ..facts })
+    }
+
+    /// An admission for `reason` granted to `record`: a retaining one
+    /// opens (named by `mint`) or renews the window its lease holds,
+    /// returned.
+    pub(crate) fn admit(
+        &self,
+        record: &mut SessionRecord,
+        reason: Reason,
+        c: &ShardCounters,
+        waiters: &Waiters,
+        now: u64,
+        mint: impl FnOnce() -> u64,
+    ) -> Option<u64> {
+        if !reason.retains_session() {
+            return None;
+        }
+        let admitted = record.reservation.admit(now, mint);
+        if let Some(until) = admitted.expired {
+            // Over before this decision but not purged yet (the pass
+            // purged when it began): it ended by expiry, so count it as
+            // `expire` would, before the new window replaces it.
+            c.grace_expired.add_locked(1);
+            record.window_ended = until;
+        }
+        self.set(record, admitted.next, c, waiters);
+        Some(admitted.window)
+    }
+
+    /// The release at `now` of a lease holding `window`: the last one
+    /// turns the reservation into an idle grace window.
+    pub(crate) fn release(
+        &self,
+        record: &mut SessionRecord,
+        window: u64,
+        c: &ShardCounters,
+        waiters: &Waiters,
+        now: u64,
+    ) {
+        let next = record.reservation.release(window, now, self.grace_ns);
+        if next != record.reservation {
+            self.set(record, next, c, waiters);
+        }
+    }
+
+    /// `finish_session`: the window is over.
+    pub(crate) fn finish(&self, record: &mut SessionRecord, c: &ShardCounters, waiters: &Waiters) {
+        let next = record.reservation.finish();
+        self.set(record, next, c, waiters);
+    }
+
+    /// The earliest grace expiry armed, or `NEVER`.
+    pub(crate) fn earliest(&self) -> u64 {
+        self.timers.earliest()
+    }
+
+    pub(crate) fn timer_entries(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Fires up to `batch` grace expiries due at `now`; `settle` says
+    /// whether a record whose window ended is to be forgotten. Returns
+    /// whether any window ended.
+    pub(crate) fn expire(
+        &self,
+        now: u64,
+        batch: usize,
+        table: &SessionTable,
+        waiters: &Waiters,
+        settle: impl Fn(&mut SessionRecord, &ShardCounters) -> bool,
+    ) -> bool {
+        let mut due = Vec::new();
+        let mut expired = false;
+        self.timers.pop_due(now, batch, &mut due);
+        for (deadline, hash) in due {
+            let shard = table.shard(table.shard_index(hash));
+            let mut map = shard.lock();
+            // Stale (superseded by a re-arm, or the record is gone) unless a
+            // record of this hash still has its entry due at this deadline.
+            let Some(record) = map.find_by_hash(hash, |r| r.grace_timer == deadline) else {
+                continue;
+            };
+            record.grace_timer = NEVER;
+            match record.reservation.expire(now) {
+                Expiry::Expired { until } => {
+                    self.set(record, Reservation::None, &shard.counters, waiters);
+                    record.window_ended = until;
+                    shard.counters.grace_expired.add_locked(1);
+                    expired = true;
+                    if settle(record, &shard.counters) {
+                        let key = record.key.clone();
+                        map.remove(&key);
+                    }
+                }
+                Expiry::NotYet { until } => {
+                    // The window was renewed after this entry was armed.
+                    record.grace_timer = until;
+                    self.arm(until, hash, waiters);
+                }
+                Expiry::NoWindow => {}
+            }
+        }
+        expired
+    }
+
+    /// Moves `record` to reservation `next`, keeping gauges and timers right.
+    fn set(
+        &self,
+        record: &mut SessionRecord,
+        next: Reservation,
+        c: &ShardCounters,
+        waiters: &Waiters,
+    ) {
+        match record.reservation {
+            Reservation::None => {}
+            Reservation::InFlight { .. } => c.reserved_in_flight.sub_locked(1),
+            Reservation::Grace { .. } => c.reserved_in_grace.sub_locked(1),
+        }
+        match next {
+            Reservation::None => {}
+            Reservation::InFlight { .. } => c.reserved_in_flight.add_locked(1),
+            Reservation::Grace { until, .. } => {
+                c.reserved_in_grace.add_locked(1);
+                // One live entry per record: an earlier entry re-arms itself when it fires.
+                if record.grace_timer == NEVER || record.grace_timer > until {
+                    record.grace_timer = until;
+                    self.arm(until, record.key.hash, waiters);
+                }
+            }
+        }
+        record.reservation = next;
+    }
+
+    /// Arms a grace expiry; if it became the earliest deadline, sleepers
+    /// folded a later one (or none) into their sleep: one is nudged to ask
+    /// `Core::next_deadline` again.
+    fn arm(&self, until: u64, hash: u64, waiters: &Waiters) {
+        if self.timers.arm(until, hash) {
+            // The waker's half of the handshake with `Waiters::enqueue`: the
+            // deadline is written (armed), now read "asleep". A sleeper
+            // either reads this deadline after registering or is seen here.
+            crate::sync::dekker_fence();
+            if waiters.sleeping() > 0 {
+                waiters.nudge_newest();
+            }
+        }
     }
 }
 

@@ -3,7 +3,6 @@
 //! it refused itself), and the working set's figures. Each is a no-op, or `None`, in reference mode, which reads no
 //! capacity.
 
-use super::ledger::Ledger;
 use super::working_set::{self, WorkingSetStats};
 use super::Core;
 
@@ -20,10 +19,7 @@ impl Core {
         answer: Result<Option<working_set::EngineCapacity>, working_set::TierError>,
         record: bool,
     ) -> Result<(), working_set::TierError> {
-        match self.working_set() {
-            Some(ledger) => ledger.take_answer(answer, record),
-            None => answer.map(drop),
-        }
+        self.policy.take_answer(answer, record)
     }
 
     /// Tells the working set what the engine's prefill costs (a host that
@@ -31,9 +27,7 @@ impl Core {
     /// windows and deadlines follow at `now`. A no-op in reference mode,
     /// which prices nothing.
     pub fn set_rebuild_cost(&self, cost: working_set::RebuildCost, now: u64) {
-        if let Some(ledger) = self.working_set() {
-            self.hand_over(ledger.set_rebuild_cost(cost, now));
-        }
+        self.hand_over(self.policy.set_rebuild_cost(cost, now));
     }
 
     /// Counts, in [`WorkingSetStats::refused_answers`], a turn report that
@@ -41,13 +35,11 @@ impl Core {
     /// refused before its lease is released, so it never reaches the
     /// working set. A no-op in reference mode.
     pub(crate) fn count_refused_report(&self) {
-        if let Some(ledger) = self.working_set() {
-            ledger.count_refused();
-        }
+        self.policy.count_refused();
     }
 
     /// The working set's figures, in working-set admission.
     pub fn working_set_stats(&self) -> Option<WorkingSetStats> {
-        self.working_set().map(Ledger::stats)
+        self.policy.stats()
     }
 }
