@@ -13,7 +13,7 @@
 //! sleeps:
 //! - a sleeper reads the deadline after it is registered in the waiter
 //!   queue; a window that becomes the earliest after that read nudges the
-//!   newest sleeper (`Core::arm_grace`, a Dekker handshake), which wakes,
+//!   newest sleeper (`reference::Table`, a Dekker handshake), which wakes,
 //!   sleeps again and takes the duty for the earlier deadline;
 //! - a thread that stops sleeping (its attempt probes again, is admitted or
 //!   fails) gives the duty up and nudges a sleeper to take it

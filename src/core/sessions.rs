@@ -84,7 +84,7 @@ impl Hash for SessionKey {
 /// `id` names one window; a lease remembers the window it holds, so a lease
 /// released after `finish_session` cannot bring a finished window back.
 /// The functions only compute: gauges, timers and counters are the
-/// caller's (`Core::set_reservation`), driven by what they return.
+/// caller's (`reference::Table`), driven by what they return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reservation {
     None,
