@@ -38,7 +38,6 @@ pub mod summary;
 pub(crate) mod timers;
 pub(crate) mod waiters;
 pub mod working_set;
-mod working_set_facts;
 
 use std::fmt;
 
