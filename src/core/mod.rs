@@ -508,7 +508,9 @@ impl Core {
     /// point; hosts need not call it, but may (e.g. before scraping stats,
     /// or a driver with no sleeping attempt at [`Core::next_deadline`]).
     pub fn purge(&self, now: u64) {
-        self.hand_over(self.policy.purge(now));
+        if let Some(grants) = self.policy.purge(now) {
+            self.hand_over(grants);
+        }
         if now < self.policy.windows_earliest() && now < self.retire_timers.earliest() {
             return; // the fast path: nothing due
         }
@@ -547,7 +549,9 @@ impl Core {
             shard.counters.add_into(&mut s);
         }
         s.waiting_attempts = self.waiters.sleeping() as u64;
-        self.hand_over(self.policy.purge(now));
+        if let Some(grants) = self.policy.purge(now) {
+            self.hand_over(grants);
+        }
         if let Some(working_set) = self.policy.stats() {
             s.working_set = working_set;
         }
@@ -598,9 +602,12 @@ impl Core {
         self.table.shard(self.table.shard_index(hash))
     }
 
-    /// Wakes the attempts of the sessions a working-set change let in,
-    /// each with an event, so that their next pass collects the grant. A
-    /// session with no attempt waiting keeps its grant for the next one.
+    /// Does what a policy's change asks: announces room, nudges a sleeper,
+    /// wakes the attempts of the sessions the working set let in, each
+    /// with an event, so that their next pass collects the grant (a
+    /// session with no attempt waiting keeps its grant for the next one).
+    // Inlined so that the nothing most calls hand over costs nothing.
+    #[inline]
     fn hand_over(&self, grants: Grants) {
         if grants.capacity_event {
             self.capacity_event();
@@ -611,13 +618,15 @@ impl Core {
             crate::sync::dekker_fence();
             self.nudge_a_sleeper();
         }
-        // Nearly always nobody: returning before the loop skips making and
-        // dropping the vector's iterator, on a call working-set admission
-        // makes twice per turn.
-        if grants.sessions.is_empty() {
-            return;
+        // Nearly always nobody, on a call working-set admission makes twice
+        // per turn: the loop and its iterator are kept out of line.
+        if !grants.sessions.is_empty() {
+            self.wake_granted(grants.sessions);
         }
-        for (key, _) in grants.sessions {
+    }
+
+    fn wake_granted(&self, sessions: Vec<(SessionKey, working_set::Verdict)>) {
+        for (key, _) in sessions {
             let shard = self.shard_of_hash(key.hash);
             let pending = {
                 let mut map = shard.lock();

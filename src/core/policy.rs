@@ -61,6 +61,7 @@ impl Policy {
     /// engine first: the working set's place in line and any grant handed
     /// over while it slept are the ledger's, and the members' own passes
     /// keep the engine's figures fresh.
+    #[inline]
     pub(crate) fn waiter_asks_again_unprobed(&self) -> bool {
         matches!(self, Policy::WorkingSet(_))
     }
@@ -68,12 +69,14 @@ impl Policy {
     /// Whether room is announced as a capacity event that one woken waiter
     /// takes and passes on if it does not use it (the seed's table), rather
     /// than handed over as grants by the ledger.
+    #[inline]
     pub(crate) fn passes_capacity_events(&self) -> bool {
         matches!(self, Policy::Reference(_))
     }
 
     /// Whether admission reads the engine's capacity and the prompts'
     /// sketches (the working set does, the seed's table reads neither).
+    #[inline]
     pub(crate) fn reads_capacity(&self) -> bool {
         matches!(self, Policy::WorkingSet(_))
     }
@@ -81,6 +84,7 @@ impl Policy {
     /// Decides `pass` under the session's lock: the decision, what an
     /// admission holds (the seed's window is taken by [`Policy::admit`]),
     /// and the grants the request handed to others.
+    #[inline]
     pub(crate) fn decide(
         &self,
         record: &SessionRecord,
@@ -108,6 +112,7 @@ impl Policy {
     /// `record` (under its lock): what its lease holds. A retaining one of
     /// the seed's table opens or renews the session's window (`mint` names
     /// a new one).
+    #[inline]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn admit(
         &self,
@@ -127,6 +132,7 @@ impl Policy {
     }
 
     /// A lease holding `holds` is released, under its record's lock.
+    #[inline]
     pub(crate) fn release_record(
         &self,
         record: &mut SessionRecord,
@@ -142,6 +148,7 @@ impl Policy {
 
     /// A lease holding `holds` was released (its record's lock dropped):
     /// the seed's table announces room, the working set learns the turn.
+    #[inline]
     pub(crate) fn release(
         &self,
         key: &SessionKey,
@@ -163,6 +170,7 @@ impl Policy {
     }
 
     /// `finish_session` ends the record's window, under its lock.
+    #[inline]
     pub(crate) fn finish_record(
         &self,
         record: &mut SessionRecord,
@@ -176,6 +184,7 @@ impl Policy {
 
     /// `finish_session` finished the session `bytes`; `tracked`: it had a
     /// record (the seed's table announces room only then).
+    #[inline]
     pub(crate) fn finish(&self, hash: u64, bytes: &[u8], tracked: bool, now: u64) -> Grants {
         let Policy::WorkingSet(ledger) = self else {
             return Grants {
@@ -193,12 +202,14 @@ impl Policy {
     }
 
     /// The session's waiting attempt is gone.
+    #[inline]
     pub(crate) fn withdraw(&self, key: &SessionKey, now: u64) -> Grants {
         self.ledger()
             .map_or_else(Grants::default, |l| l.withdraw(key, now))
     }
 
     /// The core no longer tracks the session.
+    #[inline]
     pub(crate) fn forget(&self, key: &SessionKey, now: u64) -> Grants {
         self.ledger()
             .map_or_else(Grants::default, |l| l.forget(key, now))
@@ -223,6 +234,7 @@ impl Policy {
     }
 
     /// The earliest time something changes by itself, or [`NEVER`].
+    #[inline]
     pub(crate) fn deadline(&self) -> u64 {
         match self {
             Policy::Reference(table) => table.earliest(),
@@ -230,13 +242,16 @@ impl Policy {
         }
     }
 
-    /// Fires what is due at `now` in the policy's own state.
-    pub(crate) fn purge(&self, now: u64) -> Grants {
-        self.ledger().map_or_else(Grants::default, |l| l.purge(now))
+    /// Fires what is due at `now` in the policy's own state, if anything.
+    #[inline]
+    pub(crate) fn purge(&self, now: u64) -> Option<Grants> {
+        let ledger = self.ledger()?;
+        (now >= ledger.deadline()).then(|| ledger.purge(now))
     }
 
     /// The earliest end of a window kept in the session records, or
     /// [`NEVER`]: [`Policy::expire_windows`] is due then.
+    #[inline]
     pub(crate) fn windows_earliest(&self) -> u64 {
         self.table().map_or(NEVER, Table::earliest)
     }
@@ -244,6 +259,7 @@ impl Policy {
     /// Ends up to `batch` windows kept in the records that are over at
     /// `now`, `settle` saying whether each record is to be forgotten;
     /// returns whether any ended.
+    #[inline]
     pub(crate) fn expire_windows(
         &self,
         now: u64,
@@ -320,6 +336,7 @@ impl Policy {
         }
     }
 
+    #[inline]
     fn ledger(&self) -> Option<&Ledger> {
         match self {
             Policy::WorkingSet(ledger) => Some(ledger),
@@ -327,6 +344,7 @@ impl Policy {
         }
     }
 
+    #[inline]
     fn table(&self) -> Option<&Table> {
         match self {
             Policy::Reference(table) => Some(table),

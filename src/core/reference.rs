@@ -89,6 +89,7 @@ impl Table {
     }
 
     /// The table's decision on a pass's `facts` and `record`'s reservation.
+    #[inline]
     pub(crate) fn decide(&self, record: &SessionRecord, facts: Facts, now: u64) -> Decision {
         let reserved = record.reservation.held_at(now);
         decide(self.thresholds, Facts { reserved, ..facts })
@@ -97,6 +98,7 @@ impl Table {
     /// An admission for `reason` granted to `record`: a retaining one
     /// opens (named by `mint`) or renews the window its lease holds,
     /// returned.
+    #[inline]
     pub(crate) fn admit(
         &self,
         record: &mut SessionRecord,
@@ -123,6 +125,7 @@ impl Table {
 
     /// The release at `now` of a lease holding `window`: the last one
     /// turns the reservation into an idle grace window.
+    #[inline]
     pub(crate) fn release(
         &self,
         record: &mut SessionRecord,
@@ -138,12 +141,14 @@ impl Table {
     }
 
     /// `finish_session`: the window is over.
+    #[inline]
     pub(crate) fn finish(&self, record: &mut SessionRecord, c: &ShardCounters, waiters: &Waiters) {
         let next = record.reservation.finish();
         self.set(record, next, c, waiters);
     }
 
     /// The earliest grace expiry armed, or `NEVER`.
+    #[inline]
     pub(crate) fn earliest(&self) -> u64 {
         self.timers.earliest()
     }
@@ -198,6 +203,7 @@ impl Table {
     }
 
     /// Moves `record` to reservation `next`, keeping gauges and timers right.
+    #[inline]
     fn set(
         &self,
         record: &mut SessionRecord,
