@@ -371,6 +371,9 @@ struct Sim<'a> {
     slot_waits: u64,
     slot_wait_ns: u64,
     reissues: u64,
+    /// Output tokens of the turns finished so far, and their count: what a
+    /// placing host learns of a turn's expected output.
+    outputs_seen: (u64, u64),
     actions: Vec<Action>,
     /// Per wave: sessions finished so far.
     wave_finished: Vec<usize>,
@@ -499,6 +502,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         slot_waits: 0,
         slot_wait_ns: 0,
         reissues: 0,
+        outputs_seen: (0, 0),
         actions: Vec::new(),
         wave_finished: Vec::new(),
         wave_waiters: Vec::new(),
@@ -732,7 +736,7 @@ impl Sim<'_> {
         }
         let from = st.replica.expect("routed");
         let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
-        let room = room_to_join(self.gate.as_ref(), self.deployment.replicas);
+        let room = self.room_to_join();
         let moved = if resume {
             let gate = self.gate.as_ref().expect("a gate made it wait");
             if gate.waiting_cache_gone(s) != Some(true) {
@@ -905,11 +909,15 @@ impl Sim<'_> {
             }
             Routing::Sticky => self.router.assign(),
             Routing::StickyReplace | Routing::StickyResume => {
-                let room = room_to_join(self.gate.as_ref(), self.deployment.replicas);
-                let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
+                let turn = st.turn;
+                let room = self.room_to_join();
+                let prompt = self.workload.sessions[s].turns[turn].prompt_len as u64;
                 let r = self.router.assign_by_count_where_room(&room, prompt);
+                let st = &mut self.sessions[s];
                 st.unseen = Some((r, prompt));
-                r
+                st.replica = Some(r);
+                st.router_slot = Some(r);
+                return;
             }
             Routing::Room | Routing::RoomReplace => {
                 let gate = self.gate.as_ref();
@@ -939,6 +947,34 @@ impl Sim<'_> {
         };
         st.replica = Some(r);
         st.router_slot = Some(r);
+    }
+
+    /// The room each replica takes a session into now ([`room_to_join`]).
+    /// Under `sticky-resume`, less what the turns sent there and not
+    /// finished will still write, as the host placing them counts it
+    /// (`kvgate.Placement`): those turns times the mean output of the turns
+    /// finished so far (nothing before the first one ends). A gate counts a
+    /// running turn's prompt but its output only once the turn ends, so
+    /// without this a replica looks emptier than it is while turns run.
+    fn room_to_join(&self) -> Vec<Option<u64>> {
+        let mut room = room_to_join(self.gate.as_ref(), self.deployment.replicas);
+        let (sum, n) = self.outputs_seen;
+        if self.deployment.routing != Routing::StickyResume || n == 0 {
+            return room;
+        }
+        let mean = sum / n;
+        let mut sent = vec![0u64; room.len()];
+        for st in &self.sessions {
+            if let (Phase::AtPolicy | Phase::InEngine(_), Some(r)) = (st.phase, st.replica) {
+                sent[r] += 1;
+            }
+        }
+        for (free, turns) in room.iter_mut().zip(sent) {
+            if let Some(f) = free {
+                *f = f.saturating_sub(turns * mean);
+            }
+        }
+        room
     }
 
     /// Sends the session's current turn to its replica's waiting queue.
@@ -1022,6 +1058,8 @@ impl Sim<'_> {
         );
         let turn = session.turns[st.turn];
         let last = st.turn + 1 == session.turns.len();
+        self.outputs_seen.0 += turn.output_len as u64;
+        self.outputs_seen.1 += 1;
         let (first_ns, hit, tier_hit) = st.first_scheduled.expect("scheduled before finishing");
         self.turns.push(TurnRecord {
             session: s,
