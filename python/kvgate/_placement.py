@@ -387,18 +387,18 @@ class Placement:
             else:
                 rooms = await self._rooms(bool(tried))
                 choice = self._pick(prompt_tokens, rooms, tried)
-                if choice is None and retry_after is None:
-                    assert last_unreachable is not None  # every replica tried, none refused
-                    raise last_unreachable
+                if choice is None and retry_after is None and last_unreachable is not None:
+                    raise last_unreachable  # every replica tried, none refused: none answers
                 if choice is None or (retry_after is not None and not choice.takes_now):
                     # Refused, and nowhere takes it now: wait for the replicas'
                     # own estimate of when room frees, then a new round, at
                     # home if it has one that can be reached.
                     if home is not None and home in self._replicas and home not in unreachable and key not in self._pins:
                         self._pin(key, home)
+                    wait = retry_after or 1.0
                     self.counts.waits += 1
-                    log.info("kvgate placement: no replica takes session %r now; retrying in %.1f s", session, retry_after)
-                    await asyncio.sleep(retry_after)
+                    log.info("kvgate placement: no replica takes session %r now; retrying in %.1f s", session, wait)
+                    await asyncio.sleep(wait)
                     tried.clear()
                     retry_after = None
                     continue
