@@ -462,13 +462,13 @@ def _wrap_generate(original: Any) -> Any:
             lease = await gate.acquire(
                 session,
                 prompt_ids(prompt),
-                timeout=0 if refusal is _ONE_PASS else None,
-                release_if_cache_gone=refusal is _CACHE_GONE,
+                timeout=0 if refusal == _ONE_PASS else None,
+                release_if_cache_gone=refusal == _CACHE_GONE,
             )
         except kvgate.Preempted as e:
             raise _superseded_error(f"kvgate: turn superseded by a newer request of session {sid!r}") from e
         except (kvgate.Released, kvgate.TimedOut) as e:
-            refused = refusal is _CACHE_GONE if isinstance(e, kvgate.Released) else refusal is _ONE_PASS
+            refused = refusal == (_CACHE_GONE if isinstance(e, kvgate.Released) else _ONE_PASS)
             if not refused:
                 raise
             gates.refused[rank] = gates.refused.get(rank, 0) + 1
