@@ -37,7 +37,7 @@ from ._config import Capacity, Config, Probes
 from ._figures import SessionStats, Stats
 from ._gate import Gate, version
 from ._lease import Lease
-from ._placement import UNTOUCHED, Placement, PlacementChoice, Refused, ReplicaRoom
+from ._placement import UNTOUCHED, Placement, PlacementChoice, PlacementCounts, Refused, ReplicaRoom, Unreachable
 from ._session_scheduler import AdmissionPreempted, DisabledLease, SessionAdmissionLease, SessionLevelScheduler
 
 __version__ = "0.2.0"
@@ -47,7 +47,7 @@ __all__ = [
     "AdmissionError", "AdmissionMode", "AdmissionPreempted", "Attempt", "BufferTooSmall", "Cancelled", "Capacity",
     "Closed", "Config", "DisabledLease", "Gate", "InvalidArgument", "KvgateError", "Lease", "NO_LEASE",
     "NotFound", "OsError", "OutOfOrder", "Panic", "Placement", "PlacementChoice", "Preempted", "Probes", "Reason", "Refused",
-    "ReplicaRoom", "UNTOUCHED",
+    "PlacementCounts", "ReplicaRoom", "UNTOUCHED", "Unreachable",
     "SessionAdmissionLease", "SessionLevelScheduler", "SessionStats", "Stats", "Status", "StepKind", "TimedOut", "UnknownLease", "Waker",
     "last_error", "library_path", "load", "loaded_path", "version",
 ]

@@ -30,7 +30,7 @@ from ._args import Prompt, Session, _prompt, _session_bytes, _timeout_ms, checke
 from ._asyncio import _Acquire, _AttemptRef, _await_probe, _LoopDriver, _ProbeHung
 from ._attempt import Attempt, Waker
 from ._config import Config, Probes, _capacity
-from ._errors import Closed, check, error_for
+from ._errors import CacheHot, Closed, check, error_for
 from ._ffi import AdmissionMode, Status, StepKind
 from ._figures import SessionStats, Stats, _from_struct
 from ._lease import Lease
@@ -164,7 +164,14 @@ class Gate:
 
     # -- asyncio -----------------------------------------------------------
 
-    def acquire(self, session: Session, prompt: Prompt, timeout: Optional[float] = None) -> _Acquire:
+    def acquire(
+        self,
+        session: Session,
+        prompt: Prompt,
+        timeout: Optional[float] = None,
+        *,
+        release_if_cache_gone: bool = False,
+    ) -> _Acquire:
         """Waits in the running asyncio loop until the turn is admitted.
 
         ``prompt`` is the prompt's token ids (passed to the prefix probe) or
@@ -173,16 +180,56 @@ class Gate:
         the attempt ends without a lease; a probe still out when a timeout
         > 0 passes is cancelled and the attempt ends with TimedOut (counted
         in stats as timed out). Cancelling the awaiting task cancels the
-        attempt (counted in stats as cancelled)."""
-        return self._acquire_ref(session, prompt, timeout, None)
+        attempt (counted in stats as cancelled).
+
+        ``release_if_cache_gone=True`` (working-set mode; a host that can
+        place the turn on another replica): if the first pass leaves the
+        turn waiting and the gate counts the session's cache gone here (new,
+        parked, or a ghost: :meth:`release_elsewhere`), the attempt ends at
+        once with :class:`Released`; a session whose cache the gate holds
+        hot keeps waiting in its place. Asked once, right after the first
+        pass, in the same step of the loop, so no admission can come
+        between. A gate in reference mode raises InvalidArgument (it cannot
+        tell)."""
+        return self._acquire_ref(session, prompt, timeout, None, release_if_cache_gone)
 
     def _acquire_ref(
-        self, session: Session, prompt: Prompt, timeout: Optional[float], ref: Optional[_AttemptRef]
+        self,
+        session: Session,
+        prompt: Prompt,
+        timeout: Optional[float],
+        ref: Optional[_AttemptRef],
+        release_if_cache_gone: bool = False,
     ) -> _Acquire:
         """``acquire``, telling ``ref`` its attempt once begun, so that the
         caller can end it with the outcome it saw (the drop-in's abort)."""
         ids, prompt_len = _prompt(prompt)
-        return _Acquire(self._acquire_async(_session_bytes(session), ids, prompt_len, _timeout_ms(timeout), ref))
+        self._check_can_release(release_if_cache_gone)
+        return _Acquire(
+            self._acquire_async(
+                _session_bytes(session), ids, prompt_len, _timeout_ms(timeout), ref, release_if_cache_gone
+            )
+        )
+
+    def _check_can_release(self, release_if_cache_gone: bool) -> None:
+        if release_if_cache_gone and self._mode is not AdmissionMode.WORKING_SET:
+            raise error_for(
+                Status.INVALID_ARGUMENT,
+                "release_if_cache_gone needs working-set admission (a reference gate cannot tell a session's cache)",
+            )
+
+    def _released_at_first_sleep(self, attempt: Attempt) -> bool:
+        """After the first pass left ``attempt`` waiting: releases its turn
+        if the gate counts its cache gone, and steps it (now FAILED with
+        RELEASED). False, and it keeps waiting, when the gate holds its cache
+        hot or it no longer waits."""
+        try:
+            released = self.release_elsewhere(attempt.session)
+        except CacheHot:
+            return False
+        if released:
+            attempt.wake()
+        return released
 
     def _driver(self, loop: asyncio.AbstractEventLoop) -> _LoopDriver:
         driver = self._drivers.get(loop)
@@ -200,6 +247,7 @@ class Gate:
         prompt_len: int,
         timeout_ms: int,
         ref: Optional[_AttemptRef] = None,
+        release_if_cache_gone: bool = False,
     ) -> Lease:
         loop = asyncio.get_running_loop()
         driver = self._driver(loop)
@@ -213,6 +261,10 @@ class Gate:
             while True:
                 kind = attempt.kind
                 if kind is StepKind.SLEEP:
+                    if release_if_cache_gone:
+                        release_if_cache_gone = False  # asked once, after the first pass
+                        if self._released_at_first_sleep(attempt):
+                            continue
                     await driver.sleep(attempt)
                     attempt.wake()
                 elif kind is StepKind.PROBE_USAGE:
@@ -247,11 +299,20 @@ class Gate:
 
     # -- the calling thread ------------------------------------------------
 
-    def acquire_sync(self, session: Session, prompt: Prompt, timeout: Optional[float] = None) -> Lease:
+    def acquire_sync(
+        self,
+        session: Session,
+        prompt: Prompt,
+        timeout: Optional[float] = None,
+        *,
+        release_if_cache_gone: bool = False,
+    ) -> Lease:
         """Blocks the calling thread until the turn is admitted (probes are
         called on it; async probes are refused here: use :meth:`acquire`).
-        Returns the Lease, which is also a context manager."""
+        Returns the Lease, which is also a context manager.
+        ``release_if_cache_gone`` as in :meth:`acquire`."""
         ids, prompt_len = _prompt(prompt)
+        self._check_can_release(release_if_cache_gone)
         session_b = _session_bytes(session)
         waker = Waker()
         attempt = None
@@ -262,6 +323,10 @@ class Gate:
             while True:
                 kind = attempt.kind
                 if kind is StepKind.SLEEP:
+                    if release_if_cache_gone:
+                        release_if_cache_gone = False  # asked once, after the first pass
+                        if self._released_at_first_sleep(attempt):
+                            continue
                     self._sleep_sync(attempt, waker, poller)
                     attempt.wake()
                 elif kind is StepKind.PROBE_USAGE:

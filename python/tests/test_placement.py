@@ -59,7 +59,7 @@ def test_a_first_prompt_stops_counting_once_the_replica_load_shows_it() -> None:
     assert not p.choose("big", 5_500, {"a": busy, "b": None, "c": None}).takes_now  # type: ignore[union-attr]
 
 
-def test_a_refused_turn_moves_to_the_most_room_whatever_the_session_counts() -> None:
+def test_a_refused_turn_moves_by_the_rule_for_new_sessions() -> None:
     p = Placement(R)
     for i in range(3):
         p.choose(f"c{i}", 10, {"a": room(0), "b": room(0), "c": room(9_000)})  # three sessions on c
@@ -67,8 +67,56 @@ def test_a_refused_turn_moves_to_the_most_room_whatever_the_session_counts() -> 
     p.choose("s", 10, {"a": room(5_000), "b": room(9_000), "c": room(9_000)})
     assert p.replica_of("s") == "a"
     p.refused("s", "a")
+    # b has less room than c but fewer sessions, and room for the turn: b.
     moved = p.choose("s", 3_000, {"a": room(5_000), "b": room(4_000), "c": room(9_000)}, avoid={"a"})
+    assert moved is not None and moved.replica == "b" and moved.takes_now
+    p.refused("s", "b")
+    # Too little room at b now: c, the one that takes it, whatever its count.
+    moved = p.choose("s", 3_000, {"a": room(5_000), "b": room(2_000), "c": room(9_000)}, avoid={"a", "b"})
     assert moved is not None and moved.replica == "c" and moved.takes_now
+    assert (p.counts.placed, p.counts.moved) == (4, 2) and sum(p.sessions_on(r) for r in R) == 4
+
+
+def test_running_turns_expected_output_counts_against_the_room() -> None:
+    p = Placement(R)
+    rooms = {"a": room(3_000, sessions=0), "b": room(2_500, sessions=0), "c": None}
+    assert p.expected_output_tokens == 0
+    # Nothing returned yet: no output expected, a takes a 2,000-token newcomer.
+    p.sent("a")
+    p.sent("a")
+    assert p.choose("x", 2_000, rooms).replica == "a"  # type: ignore[union-attr]
+    p.admitted("x")
+    p.finish("x")
+    # Turns that returned wrote 400 and 600 tokens: 500 expected of each still running.
+    p.sent("b")
+    p.returned("b", 400)
+    p.sent("b")
+    p.returned("b", 600)
+    assert p.expected_output_tokens == 500 and p.running_on("a") == 2 and p.running_on("b") == 0
+    # a's 3,000 free less two running turns' 1,000: no room for 2,100; b takes it.
+    c = p.choose("y", 2_100, rooms)
+    assert c is not None and c.replica == "b" and c.takes_now
+    p.returned("a")
+    p.returned("a")
+    assert p.running_on("a") == 0
+    with pytest.raises(ValueError):
+        p.returned("a", -1)
+
+
+def test_turn_learns_the_output_from_what_send_returned() -> None:
+    async def main() -> None:
+        cl = Cluster()
+        p = Placement(R, rooms=cl.read, output_tokens=lambda out: 300 if out == "a" else None)
+        seen: List[int] = []
+
+        async def send(replica: str) -> str:
+            seen.append(p.running_on(replica))
+            return replica
+
+        await p.turn("s", 100, send)
+        assert seen == [1] and p.running_on("a") == 0 and p.expected_output_tokens == 300
+
+    asyncio.run(main())
 
 
 def test_a_replica_without_a_figure_counts_as_full_and_one_that_made_no_gate_yet_as_empty() -> None:
@@ -221,3 +269,89 @@ def test_an_error_other_than_a_refusal_propagates_and_the_session_stays_placed()
 def test_turn_without_a_room_source_says_so() -> None:
     with pytest.raises(RuntimeError, match="room source"):
         asyncio.run(Placement(R).turn("s", 1, lambda r: asyncio.sleep(0)))
+
+
+class Vanishing(Cluster):
+    """A cluster whose replicas in ``gone`` refuse connections."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gone: set = set()
+        self.sends: List[str] = []
+
+    def sender(self, session: str, turn: int):
+        inner = super().sender(session, turn)
+
+        async def send(replica: str) -> str:
+            self.sends.append(replica)
+            if replica in self.gone:
+                raise kvgate.Unreachable(replica, "connection refused")
+            return await inner(replica)
+
+        return send
+
+
+def test_a_replica_that_vanishes_sends_the_turn_to_the_next_with_room_counted_once() -> None:
+    async def main() -> None:
+        cl = Vanishing()
+        p = Placement(R, rooms=cl.read)
+        assert await p.turn("s", 100, cl.sender("s", 0)) == "a"
+        assert await p.turn("t", 100, cl.sender("t", 0)) == "b"
+        # a vanishes between the decision (s lives there) and the send.
+        cl.gone = {"a"}
+        cl.rooms["b"] = room(50)  # b has no room for 100: c, with room, takes it
+        assert await p.turn("s", 100, cl.sender("s", 1)) == "c"
+        assert cl.sends[-2:] == ["a", "c"]
+        assert p.replica_of("s") == "c" and p.sessions_on("a") == 0 and sum(p.sessions_on(r) for r in R) == 2
+        assert (p.counts.placed, p.counts.moved, p.counts.unreachable, p.counts.refused) == (2, 1, 1, 0)
+        # Later turns stay where it landed.
+        assert await p.turn("s", 100, cl.sender("s", 2)) == "c"
+        # A new session whose first pick is gone: the next, no room needed (as new).
+        cl.gone = {"a", "b"}
+        cl.rooms = {"a": room(9_000), "b": room(9_000), "c": room(0)}
+        assert await p.turn("n", 100, cl.sender("n", 0)) == "c"
+        # Every replica gone: nothing can run it, the error says so.
+        cl.gone = set(R)
+        with pytest.raises(kvgate.Unreachable):
+            await p.turn("m", 100, cl.sender("m", 0))
+        assert cl.sends[-3:] == ["a", "b", "c"]
+
+    asyncio.run(main())
+
+
+def test_a_turn_refused_everywhere_waits_between_rounds_instead_of_bouncing() -> None:
+    async def main() -> None:
+        cl = Vanishing()
+        p = Placement(R, rooms=cl.read)
+        await p.turn("s", 100, cl.sender("s", 0))  # on a
+        cl.refusing = set(R)
+        cl.rooms = {r: room(9_000) for r in R}
+        task = asyncio.ensure_future(p.turn("s", 100, cl.sender("s", 1)))
+        await asyncio.sleep(0.035)  # Retry-After is 0.01 s: about three rounds
+        cl.refusing = set()
+        assert await asyncio.wait_for(task, 5) == "a"  # back home in a new round
+        rounds = p.counts.waits
+        assert 1 <= rounds <= 6
+        # Each round tries each replica at most once.
+        assert len(cl.sends) - 1 <= 3 * (rounds + 1)
+        assert p.counts.refused == len(cl.sends) - 2
+
+    asyncio.run(main())
+
+
+def test_a_removed_replica_gets_nothing_and_its_sessions_move() -> None:
+    async def main() -> None:
+        cl = Vanishing()
+        p = Placement(R, rooms=cl.read)
+        assert await p.turn("s", 100, cl.sender("s", 0)) == "a"
+        p.remove("a")
+        assert p.replicas == ("b", "c") and p.replica_of("s") is None
+        assert await p.turn("s", 100, cl.sender("s", 1)) == "b"
+        assert "a" not in cl.sends[1:] and p.counts.moved == 1
+        with pytest.raises(ValueError):
+            p.remove("a")
+        p.remove("b")
+        with pytest.raises(ValueError):
+            p.remove("c")
+
+    asyncio.run(main())

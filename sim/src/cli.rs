@@ -64,7 +64,7 @@ USAGE:
     (either form also takes --profile NAME|PATH,
      --capacity-probe full|no-cost|no-rate|usage-only|no-tier,
      --host-prompt tokens|length, --host-finish told|untold,
-     --host-report cached|output-only, --routing sticky|hash|least-loaded|room|room-replace|sticky-replace|sticky-resume,
+     --host-report cached|output-only, --routing sticky|hash|least-loaded|room|room-replace|sticky-replace|sticky-resume|sticky-refuse,
      --noise SPEC and --vary LIST)
     kvgate-sim --fit-steps STEPS.csv|STEPS.json
 
@@ -137,7 +137,11 @@ OPTIONS:
                    sticky-resume (first turns as sticky-replace; a waiting turn whose
                    gate counts its cache gone, a new, parked or ghost session, moves to
                    the fewest sessions among the replicas with room for it, and stays;
-                   members never move); each replica has its own gate [default: the scenario's, sticky]
+                   members never move), or sticky-refuse (the host in front of replicas
+                   in refusal mode: as sticky-resume, asked once per attempt after its
+                   first pass; a released turn no other replica takes comes back to its
+                   replica after the gate's Retry-After); each replica has its own gate
+                   [default: the scenario's, sticky]
     --noise N      run every scenario on a noisy engine: jitter=LO-HI (each step's cost
                    times a log-uniform factor in [LO, HI], drawn per step from the seed),
                    cotenant=START-END (steps begun from START to END s of simulated time
@@ -351,6 +355,8 @@ mod tests {
         assert_eq!(o.routing, Some(Routing::StickyReplace));
         let o = parse(args("--routing sticky-resume")).unwrap().unwrap();
         assert_eq!(o.routing, Some(Routing::StickyResume));
+        let o = parse(args("--routing sticky-refuse")).unwrap().unwrap();
+        assert_eq!(o.routing, Some(Routing::StickyRefuse));
         let o = parse(args("--host-prompt length")).unwrap().unwrap();
         assert_eq!(o.host_prompt, Some(HostPrompt::Length));
         assert!(parse(args("--host-prompt ids")).is_err());

@@ -105,20 +105,34 @@ pub enum Routing {
     /// sessions), and stays there; where none has the room it waits where
     /// it is. A session whose prefix is still cached is never moved.
     StickyResume,
+    /// The host in front of replicas in refusal mode (`kvgate.Placement`
+    /// and the vLLM plugin's `KVGATE_VLLM_REFUSE_NEW=1`): placed as
+    /// `sticky-resume`, but asked once per attempt, after its first pass
+    /// (`release_if_cache_gone`), and a released turn that no other replica
+    /// takes now leaves the queue all the same (the 429) and comes back to
+    /// its replica after the gate's Retry-After (its refill window rounded
+    /// up to whole seconds, at least 1 s), at the back of the queue.
+    StickyRefuse,
 }
 
 impl Routing {
     /// Whether a turn its gate would make wait is placed anew
-    /// (`room-replace`, `sticky-replace`, `sticky-resume`).
+    /// (`room-replace`, `sticky-replace`, `sticky-resume`, `sticky-refuse`).
     pub fn replaces(self) -> bool {
         matches!(
             self,
-            Self::RoomReplace | Self::StickyReplace | Self::StickyResume
+            Self::RoomReplace | Self::StickyReplace | Self::StickyResume | Self::StickyRefuse
         )
     }
 
+    /// Whether a waiting turn moves only when its gate counts its cache
+    /// gone, by the rule for new sessions (`sticky-resume`, `sticky-refuse`).
+    fn resumes(self) -> bool {
+        matches!(self, Self::StickyResume | Self::StickyRefuse)
+    }
+
     /// Parses `sticky`, `hash`, `least-loaded`, `room`, `room-replace`,
-    /// `sticky-replace` or `sticky-resume`.
+    /// `sticky-replace`, `sticky-resume` or `sticky-refuse`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "sticky" => Ok(Self::Sticky),
@@ -128,9 +142,10 @@ impl Routing {
             "room-replace" => Ok(Self::RoomReplace),
             "sticky-replace" => Ok(Self::StickyReplace),
             "sticky-resume" => Ok(Self::StickyResume),
+            "sticky-refuse" => Ok(Self::StickyRefuse),
             other => Err(format!(
                 "routing `{other}`: expected sticky, hash, least-loaded, room, room-replace, \
-                 sticky-replace or sticky-resume"
+                 sticky-replace, sticky-resume or sticky-refuse"
             )),
         }
     }
@@ -313,6 +328,13 @@ enum Event {
     ProgramTimer,
     /// The replica stops (`Cluster::ReplicaLost`).
     LoseReplica(usize),
+    /// A turn released with no other replica taking it comes back to its
+    /// replica (`sticky-refuse`), unless the session was sent anew since
+    /// (`sends` is then stale).
+    Resend {
+        session: usize,
+        sends: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -335,6 +357,11 @@ struct SessionState {
     turn: usize,
     phase: Phase,
     issue: u32,
+    /// Attempts handed to the policy so far (a stale `Event::Resend` finds
+    /// a newer one), and whether the live one was asked after its first
+    /// pass (`sticky-refuse` asks once).
+    sends: u32,
+    asked: bool,
     lease: Option<LeaseToken>,
     issued_ns: u64,
     /// When the client sent the current turn (before any wait at the policy).
@@ -371,6 +398,9 @@ struct Sim<'a> {
     slot_waits: u64,
     slot_wait_ns: u64,
     reissues: u64,
+    /// Output tokens of the turns finished so far, and their count: what a
+    /// placing host learns of a turn's expected output.
+    outputs_seen: (u64, u64),
     actions: Vec<Action>,
     /// Per wave: sessions finished so far.
     wave_finished: Vec<usize>,
@@ -479,6 +509,8 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
                 turn: 0,
                 phase: Phase::NotStarted,
                 issue: 0,
+                sends: 0,
+                asked: false,
                 lease: None,
                 issued_ns: 0,
                 arrived_ns: 0,
@@ -499,6 +531,7 @@ pub fn run(deployment: &Deployment, workload: &Workload, policy: &Policy) -> Run
         slot_waits: 0,
         slot_wait_ns: 0,
         reissues: 0,
+        outputs_seen: (0, 0),
         actions: Vec::new(),
         wave_finished: Vec::new(),
         wave_waiters: Vec::new(),
@@ -611,6 +644,11 @@ impl Sim<'_> {
             }
             Event::ProgramTimer => self.program_timer = None,
             Event::LoseReplica(r) => self.lose_replica(r),
+            Event::Resend { session, sends } => {
+                if self.sessions[session].sends == sends {
+                    self.issue_turn(session);
+                }
+            }
         }
     }
 
@@ -724,16 +762,27 @@ impl Sim<'_> {
     /// `sticky-resume`: any turn, the first included, but only one whose
     /// gate counts its cache gone ([`GateDriver::waiting_cache_gone`]),
     /// moved by the rule for new sessions ([`Router::resume`]).
+    ///
+    /// `sticky-refuse`: as `sticky-resume`, asked once per attempt; a turn
+    /// whose cache is gone and that no other replica takes now is released
+    /// all the same and sent again to its replica after Retry-After.
     fn replace(&mut self, s: usize) -> bool {
+        let routing = self.deployment.routing;
         let st = &self.sessions[s];
-        let resume = self.deployment.routing == Routing::StickyResume;
-        if st.turn == 0 && !resume {
+        if st.turn == 0 && !routing.resumes() {
             return false; // a first turn waits where it was placed
         }
+        if routing == Routing::StickyRefuse {
+            if st.asked {
+                return false; // asked after its first pass: it waits in order
+            }
+            self.sessions[s].asked = true;
+        }
+        let st = &self.sessions[s];
         let from = st.replica.expect("routed");
         let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
-        let room = room_to_join(self.gate.as_ref(), self.deployment.replicas);
-        let moved = if resume {
+        let room = self.room_to_join();
+        let moved = if routing.resumes() {
             let gate = self.gate.as_ref().expect("a gate made it wait");
             if gate.waiting_cache_gone(s) != Some(true) {
                 return false; // its prefix is still cached here: it stays
@@ -743,6 +792,17 @@ impl Sim<'_> {
             self.router.replace(from, &room, prompt)
         };
         let Some(to) = moved else {
+            if routing == Routing::StickyRefuse {
+                // Released (the 429); nobody takes it now: the host waits
+                // the gate's Retry-After and sends it home again.
+                let gate = self.gate.as_mut().expect("checked");
+                let wait = gate.retry_after_ns(from);
+                gate.abandon(s);
+                let sends = self.sessions[s].sends;
+                self.events
+                    .push(self.now + wait, Event::Resend { session: s, sends });
+                return true;
+            }
             return false;
         };
         let gate = self.gate.as_mut().expect("checked");
@@ -837,7 +897,10 @@ impl Sim<'_> {
 
     /// Hands the session's current turn to the policy.
     fn issue_turn(&mut self, s: usize) {
-        self.sessions[s].phase = Phase::AtPolicy;
+        let st = &mut self.sessions[s];
+        st.phase = Phase::AtPolicy;
+        st.sends += 1;
+        st.asked = false;
         match &self.policy.kind {
             PolicyKind::None | PolicyKind::TtlPin { .. } => {
                 self.route(s);
@@ -899,17 +962,22 @@ impl Sim<'_> {
             | Routing::RoomReplace
             | Routing::StickyReplace
             | Routing::StickyResume
+            | Routing::StickyRefuse
                 if st.replica.is_some() =>
             {
                 return
             }
             Routing::Sticky => self.router.assign(),
-            Routing::StickyReplace | Routing::StickyResume => {
-                let room = room_to_join(self.gate.as_ref(), self.deployment.replicas);
-                let prompt = self.workload.sessions[s].turns[st.turn].prompt_len as u64;
+            Routing::StickyReplace | Routing::StickyResume | Routing::StickyRefuse => {
+                let turn = st.turn;
+                let room = self.room_to_join();
+                let prompt = self.workload.sessions[s].turns[turn].prompt_len as u64;
                 let r = self.router.assign_by_count_where_room(&room, prompt);
+                let st = &mut self.sessions[s];
                 st.unseen = Some((r, prompt));
-                r
+                st.replica = Some(r);
+                st.router_slot = Some(r);
+                return;
             }
             Routing::Room | Routing::RoomReplace => {
                 let gate = self.gate.as_ref();
@@ -939,6 +1007,34 @@ impl Sim<'_> {
         };
         st.replica = Some(r);
         st.router_slot = Some(r);
+    }
+
+    /// The room each replica takes a session into now ([`room_to_join`]).
+    /// Under `sticky-resume` and `sticky-refuse`, less what the turns sent there and not
+    /// finished will still write, as the host placing them counts it
+    /// (`kvgate.Placement`): those turns times the mean output of the turns
+    /// finished so far (nothing before the first one ends). A gate counts a
+    /// running turn's prompt but its output only once the turn ends, so
+    /// without this a replica looks emptier than it is while turns run.
+    fn room_to_join(&self) -> Vec<Option<u64>> {
+        let mut room = room_to_join(self.gate.as_ref(), self.deployment.replicas);
+        let (sum, n) = self.outputs_seen;
+        if !self.deployment.routing.resumes() || n == 0 {
+            return room;
+        }
+        let mean = sum / n;
+        let mut sent = vec![0u64; room.len()];
+        for st in &self.sessions {
+            if let (Phase::AtPolicy | Phase::InEngine(_), Some(r)) = (st.phase, st.replica) {
+                sent[r] += 1;
+            }
+        }
+        for (free, turns) in room.iter_mut().zip(sent) {
+            if let Some(f) = free {
+                *f = f.saturating_sub(turns * mean);
+            }
+        }
+        room
     }
 
     /// Sends the session's current turn to its replica's waiting queue.
@@ -1022,6 +1118,8 @@ impl Sim<'_> {
         );
         let turn = session.turns[st.turn];
         let last = st.turn + 1 == session.turns.len();
+        self.outputs_seen.0 += turn.output_len as u64;
+        self.outputs_seen.1 += 1;
         let (first_ns, hit, tier_hit) = st.first_scheduled.expect("scheduled before finishing");
         self.turns.push(TurnRecord {
             session: s,

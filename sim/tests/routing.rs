@@ -3,7 +3,8 @@
 //! it first landed, and `least-loaded` places every turn anew (sessions
 //! migrate), with no gate and with kvgate (one gate per replica);
 //! `room-replace` and `sticky-replace` move a session whose gate would make
-//! a later turn wait, and every turn still runs once; a replica lost
+//! a later turn wait, `sticky-resume` and `sticky-refuse` one whose cache
+//! its gate counts gone, and every turn still runs once; a replica lost
 //! partway (`Cluster::ReplicaLost`) serves nothing after, and every session
 //! still finishes. Runs in well under a second in debug.
 
@@ -116,7 +117,12 @@ fn turns_recorded(r: &kvgate_sim::metrics::RunResult, sessions: usize) -> Vec<Ve
 
 #[test]
 fn refused_turns_move_where_a_gate_has_room_and_every_turn_runs_once() {
-    for routing in [Routing::RoomReplace, Routing::StickyReplace] {
+    for routing in [
+        Routing::RoomReplace,
+        Routing::StickyReplace,
+        Routing::StickyResume,
+        Routing::StickyRefuse,
+    ] {
         for cluster in [Cluster::ReplicaKvHalf, Cluster::ReplicaLost] {
             let mut scenario = Scenario::parse(SCENARIO).expect("valid scenario");
             scenario.deployment.routing = routing;
@@ -207,6 +213,8 @@ fn routing_parses_from_scenario_files_and_the_command_line() {
     assert_eq!(Routing::parse("room"), Ok(Routing::Room));
     assert_eq!(Routing::parse("room-replace"), Ok(Routing::RoomReplace));
     assert_eq!(Routing::parse("sticky-replace"), Ok(Routing::StickyReplace));
+    assert_eq!(Routing::parse("sticky-resume"), Ok(Routing::StickyResume));
+    assert_eq!(Routing::parse("sticky-refuse"), Ok(Routing::StickyRefuse));
     let odd = SCENARIO.replace(
         "replicas = 3\n",
         "replicas = 3\ncluster = \"replica-slow\"\n",

@@ -10,7 +10,8 @@ ABI); `admission_mode` takes a name (`working_set`, the default, or
 
 The plugin's own on/off knobs are environment variables read with `flag`:
 KVGATE_VLLM_REFUSE_NEW (`refuse_new`) answers a turn that would wait HTTP 429
-with Retry-After instead of holding it (kvgate_vllm.serve). The numeric ones
+with Retry-After instead of holding it, where the gate counts its session's
+cache gone (kvgate_vllm.serve). The numeric ones
 are read with `number`: KVGATE_VLLM_RELOAD_GBPS (`reload_gbps`), the host tier's
 host-to-device copy rate the capacity probe answers (kvgate_vllm.offload).
 """
@@ -63,9 +64,10 @@ def config(knobs: Knobs) -> kvgate.Config:
     return cfg
 
 
-#: The opt-in refusal mode: a turn of a session outside the working set that
-#: would wait is answered HTTP 429 Too Many Requests with Retry-After instead
-#: (kvgate_vllm.serve); members are admitted as always.
+#: The opt-in refusal mode: a turn that would wait, of a session whose cache
+#: the gate counts gone here (new, parked, a ghost), is answered HTTP 429 Too
+#: Many Requests with Retry-After instead (kvgate_vllm.serve); members, and
+#: sessions parked in the host tier, wait in their place as always.
 REFUSE_NEW_ENV = "KVGATE_VLLM_REFUSE_NEW"
 
 _ON = ("1", "true", "yes", "on")

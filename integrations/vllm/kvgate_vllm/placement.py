@@ -3,7 +3,9 @@ that places sessions itself with `kvgate.Placement`:
 
     rooms = MetricsRooms(urls)
     placement = kvgate.Placement(urls, rooms=rooms)
-    out = await placement.turn(session_id, len(prompt_ids), send)  # send(url): one request; a 429 raises refused_of(...)
+    out = await placement.turn(session_id, len(prompt_ids), send)
+    # send(url): one request; a 429 raises refused_of(...), a replica it
+    # cannot reach kvgate.Unreachable(url): the turn goes to the next one
     ...
     placement.finish(session_id); await rooms.close()
 

@@ -51,16 +51,20 @@ every OpenAI endpoint makes per request) and adds a small ASGI middleware:
   logged warning, and the gate keeps the cost it had
   (kvgate_vllm.feedback.tell_rebuild_cost). The cost in force is the
   library's `kvgate_working_set_rebuild_seconds_per_token` / `_per_pair`.
-- Refusal mode (KVGATE_VLLM_REFUSE_NEW=1, off by default): the acquire makes
-  one pass (`timeout=0`) instead of waiting. A turn the gate admits at once
-  runs as always: every turn of a working-set member does (the table admits a
-  member's turn, `reserved_session`), and so does a newcomer that fits. A turn
-  that would wait ends with `kvgate.TimedOut` and is answered HTTP 429 Too Many
-  Requests with a Retry-After header (`retry_after_sec`), so a router or a
-  client can go elsewhere or come back later. The one-pass attempt that timed
-  out is withdrawn by the library: no lease, no attempt, and the session is not
-  left queued to join (it never waits, so the wait bound never admits it: the
-  client's retry does).
+- Refusal mode (KVGATE_VLLM_REFUSE_NEW=1, off by default): a turn that would
+  wait is refused only where its session's cache is gone. The acquire asks
+  `release_if_cache_gone=True`: a turn the gate admits at once runs as
+  always; one that the first pass leaves waiting, of a session the gate
+  counts without a cache here (new, parked, or a ghost), is released
+  (`kvgate.Released`) and answered HTTP 429 Too Many Requests with a
+  Retry-After header (`retry_after_sec`), so a placing host can put it on a
+  replica with room (its history is prefilled again wherever it runs); a
+  turn of a session whose cache the gate holds (a member, or parked in the
+  host tier) keeps its place in the queue and is admitted in its order.
+  The released turn leaves the queue: no lease, no attempt. A gate in
+  reference mode cannot tell a session's cache: there the acquire makes one
+  pass (`timeout=0`) and any turn that would wait is refused
+  (`kvgate.TimedOut`, the attempt withdrawn by the library).
 - kvgate's Prometheus families (`kvgate_*`, label `engine`) are added to vLLM's
   `/metrics` registry from the start: `AsyncLLM.__init__` is wrapped to build
   every engine's gate as the engine client is built, so every family is
@@ -418,6 +422,19 @@ def _cache_key(prompt: Any, kwargs: dict[str, Any]) -> CacheKey:
     return ([lora.lora_name, lora.lora_int_id, lora.lora_path] if lora else None), salt
 
 
+#: How a gated turn that would wait is refused in refusal mode: not at all
+#: (refusal mode off), where the gate counts its cache gone (working-set
+#: admission), or any turn that would wait (reference admission, which
+#: cannot tell a session's cache).
+_NO_REFUSAL, _CACHE_GONE, _ONE_PASS = "wait", "cache-gone", "one-pass"
+
+
+def _refusal_of(refuse_new: bool, gate: kvgate.Gate) -> str:
+    if not refuse_new:
+        return _NO_REFUSAL
+    return _CACHE_GONE if gate.config.mode is kvgate.AdmissionMode.WORKING_SET else _ONE_PASS
+
+
 def _wrap_generate(original: Any) -> Any:
     async def generate(self: Any, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
         sid, final = session_of(kwargs.get("session_id"))
@@ -434,16 +451,25 @@ def _wrap_generate(original: Any) -> Any:
         gate = gates.gate(rank)
         session = sid.encode()
         key = gates.keys[session] = _cache_key(prompt, kwargs)
+        refusal = _refusal_of(gates.refuse_new, gate)
         try:
             # In this task, in the server's loop: a cancelled task (client gone)
-            # cancels the attempt; no lease exists then. In refusal mode, one
-            # pass: a turn that would wait times out at once, and the library
-            # withdraws its attempt (nothing queued, nothing held).
-            lease = await gate.acquire(session, prompt_ids(prompt), timeout=0 if gates.refuse_new else None)
+            # cancels the attempt; no lease exists then. In refusal mode a turn
+            # that would wait is refused only where its cache is gone (a new,
+            # parked or ghost session: the gate releases it, Released); a turn
+            # whose cache the gate holds keeps its place and waits. A gate in
+            # reference mode cannot tell: one pass, any wait refused (TimedOut).
+            lease = await gate.acquire(
+                session,
+                prompt_ids(prompt),
+                timeout=0 if refusal == _ONE_PASS else None,
+                release_if_cache_gone=refusal == _CACHE_GONE,
+            )
         except kvgate.Preempted as e:
             raise _superseded_error(f"kvgate: turn superseded by a newer request of session {sid!r}") from e
-        except kvgate.TimedOut as e:
-            if not gates.refuse_new:
+        except (kvgate.Released, kvgate.TimedOut) as e:
+            refused = refusal == (_CACHE_GONE if isinstance(e, kvgate.Released) else _ONE_PASS)
+            if not refused:
                 raise
             gates.refused[rank] = gates.refused.get(rank, 0) + 1
             retry = retry_after_sec(gate.stats())
@@ -451,7 +477,7 @@ def _wrap_generate(original: Any) -> Any:
             if extra is not None:
                 extra["retry-after"] = str(retry)
             raise _refused_error(
-                f"kvgate: the working set is full; session {sid!r} is not a member (retry after {retry} s)"
+                f"kvgate: the working set is full and session {sid!r} has no cache here (retry after {retry} s)"
             ) from e
         finally:
             if gates.keys.get(session) is key:  # not a newer turn's key
@@ -572,5 +598,5 @@ def install() -> None:
     REGISTRY.register(KvgateCollector())  # type: ignore[arg-type]
     logger.info(
         "kvgate: admission gate enabled for requests with a session id%s",
-        " (refusal mode: a turn that would wait gets HTTP 429)" if refuse else "",
+        " (refusal mode: a turn that would wait, its cache gone here, gets HTTP 429)" if refuse else "",
     )

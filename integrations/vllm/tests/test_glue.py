@@ -264,3 +264,17 @@ def test_the_capacity_answer_carries_max_model_len_when_the_engine_sends_it() ->
     # An older engine side sends none, or a figure that is not one: not told.
     for old in ({"capacity_tokens": 12800, "block_size": 32}, {**sent, "max_model_len": 0}, {**sent, "max_model_len": "x"}):
         assert feedback.capacity_of(old).max_model_len is None
+
+
+def test_refusal_mode_refuses_by_cache_where_the_gate_can_tell() -> None:
+    ws = kvgate.Gate(kvgate.Config(admission_mode="working_set"))
+    ref = kvgate.Gate(kvgate.Config(admission_mode="reference"))
+    try:
+        assert serve._refusal_of(False, ws) == serve._refusal_of(False, ref) == serve._NO_REFUSAL
+        # Working set: only a turn whose cache is gone is refused (Released).
+        assert serve._refusal_of(True, ws) == serve._CACHE_GONE
+        # Reference admission cannot tell a session's cache: one pass.
+        assert serve._refusal_of(True, ref) == serve._ONE_PASS
+    finally:
+        ws.close()
+        ref.close()

@@ -3,15 +3,19 @@
 replicas in refusal mode (KVGATE_VLLM_REFUSE_NEW=1), one `openai` client per
 replica, on the real engine: a skewed start sends new sessions to the replica
 whose gate has room, later turns stay where a session began, and a replica
-that answers 429 has the session placed elsewhere, never dropped. Where each
-turn ran is read from the replicas' own /metrics. Nothing mocked."""
+that answers 429 has the session placed elsewhere, never dropped; a replica
+that vanishes (killed) has the turn sent to the next one, counted once.
+Where each turn ran is read from the replicas' own /metrics. Nothing
+mocked."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from typing import Any, Callable, Iterator
 
+import kvgate
 import pytest
 
 from kvgate_vllm.placement import room_of
@@ -156,3 +160,41 @@ def test_a_replica_that_refuses_has_the_session_placed_elsewhere(replicas: list[
     admitted = [counter(srv, "kvgate_admissions_all_total") - b for srv, b in zip(replicas, admitted_before)]
     assert refused == [1, 0, 0], refused  # refused once, where it was first placed
     assert admitted == [1, 2, 0], admitted  # the filler there; both of the newcomer's turns where it moved
+
+
+def test_a_replica_that_vanishes_has_the_turn_sent_to_the_next_counted_once(replicas: list[Server]) -> None:
+    """Last in this module: it kills replica 2."""
+    settle(replicas)
+    rng = random.Random(43)
+    urls = [srv.url for srv in replicas]
+    names = ("v-0", "v-1", "v-2")
+    refused_before = [counter(srv, "kvgate_refused_total") for srv in replicas[:2]]
+
+    async def main() -> tuple[str, str, kvgate.PlacementCounts]:
+        # Figures read once and kept: the placement still counts replica 2 up when it vanishes.
+        proxy = PlacingProxy(urls, replicas[0].model, max_age_sec=3600.0, **SLOW_MACHINE)
+        try:
+            prompts = {}
+            for name in names:  # one each: the fewest sessions, all with room
+                prompts[name] = random_prompt(rng, 300)
+                out = await proxy.turn(name, prompts[name], 8)
+                prompts[name] += list(out.choices[0].token_ids) + random_prompt(rng, 50)
+            before = proxy.placement.replica_of("v-2")
+            replicas[2].kill()
+            out = await proxy.turn("v-2", prompts["v-2"], 8)  # decided for replica 2, sent elsewhere
+            assert len(out.choices[0].token_ids) == 8
+            after = proxy.placement.replica_of("v-2")
+            prompts["v-2"] += list(out.choices[0].token_ids) + random_prompt(rng, 50)
+            await proxy.turn("v-2", prompts["v-2"], 8)  # it stays where it landed
+            assert proxy.placement.replica_of("v-2") == after
+            counts = dataclasses.replace(proxy.placement.counts)
+            for name in names:
+                await proxy.turn(name, prompts[name], 8, final=True)
+            return before, after, counts  # type: ignore[return-value]
+        finally:
+            await proxy.close()
+
+    before, after, counts = asyncio.run(main())
+    assert before == urls[2] and after in urls[:2], (before, after)
+    assert (counts.placed, counts.moved, counts.unreachable, counts.refused, counts.waits) == (3, 1, 1, 0, 0), counts
+    assert [counter(srv, "kvgate_refused_total") for srv in replicas[:2]] == refused_before

@@ -290,6 +290,19 @@ impl GateDriver {
         (ws.capacity_tokens > 0).then(|| ws.capacity_tokens.saturating_sub(ws.load_tokens))
     }
 
+    /// The Retry-After a replica in refusal mode answers (the vLLM plugin's
+    /// `retry_after_sec`): its gate's refill window rounded up to whole
+    /// seconds, at least 1 s.
+    pub fn retry_after_ns(&self, replica: usize) -> u64 {
+        const SEC: u64 = 1_000_000_000;
+        let window = self
+            .cores
+            .get(replica)
+            .and_then(|c| c.working_set_stats())
+            .map_or(0, |ws| ws.window_ns);
+        window.div_ceil(SEC).max(1) * SEC
+    }
+
     /// Sessions waiting to join `replica`'s working set; `None` without one.
     pub fn joining(&self, replica: usize) -> Option<usize> {
         Some(self.cores.get(replica)?.working_set_stats()?.waiting)

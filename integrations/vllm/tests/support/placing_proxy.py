@@ -1,12 +1,15 @@
 """The host that places sessions itself, as the seed's in-process proxy
 would: one `openai` client per `vllm serve` replica, `kvgate.Placement` over
 the replicas' /metrics (`kvgate_vllm.placement.MetricsRooms`), and a turn
-that maps a replica's HTTP 429 to `kvgate.Refused` so the placement puts the
-session elsewhere. Used by the placement tests and the scale-out benchmark."""
+that maps a replica's HTTP 429 to `kvgate.Refused` and a replica it cannot
+reach to `kvgate.Unreachable`, so the placement puts the session elsewhere
+(the same rule as new sessions; later turns stay there). Each completion's
+output tokens (its `usage`) teach the placement what a running turn will
+still write. Used by the placement tests and the scale-out benchmark."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import kvgate
 import openai
@@ -14,6 +17,12 @@ import openai
 from kvgate_vllm.placement import MetricsRooms, refused_of
 
 from support.openai_sessions import client_turn
+
+
+def output_tokens(completion: Any) -> Optional[int]:
+    """A completion's output tokens, from its `usage` (None if absent)."""
+    usage = getattr(completion, "usage", None)
+    return getattr(usage, "completion_tokens", None)
 
 
 class PlacingProxy:
@@ -26,14 +35,19 @@ class PlacingProxy:
         }
         self._turns = {url: client_turn(client, model) for url, client in self.clients.items()}
         self.rooms = MetricsRooms(list(urls), max_age_sec=max_age_sec, timeout_sec=metrics_timeout_sec)
-        self.placement = kvgate.Placement(list(urls), rooms=self.rooms)
+        self.placement = kvgate.Placement(list(urls), rooms=self.rooms, output_tokens=output_tokens)
 
     async def send(self, url: str, session: str, prompt: list, n: int, final: bool = False) -> Any:
-        """One turn to `url`, bypassing the placement; a 429 raises `kvgate.Refused`."""
+        """One turn to `url`, bypassing the placement; a 429 raises
+        `kvgate.Refused`, a connection that fails `kvgate.Unreachable`."""
         try:
             return await self._turns[url](session, prompt, n, final)
         except openai.RateLimitError as e:
             raise refused_of(e.status_code, e.response.headers) from e
+        except openai.APITimeoutError:
+            raise  # reached, but slow: not a vanished replica
+        except openai.APIConnectionError as e:
+            raise kvgate.Unreachable(url, e) from e
 
     async def turn(self, session: str, prompt: list, n: int, final: bool = False) -> Any:
         """One turn where the placement puts the session; the last one (`final`) frees its place."""
