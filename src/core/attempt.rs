@@ -25,8 +25,10 @@ use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::time::Duration;
 
+use super::lease_token::{Admission, Grant, LeaseToken};
 use super::ledger::Turn;
 use super::policy::{Holds, Pass};
+use super::probe_answer::ProbeAnswer;
 use super::prompt::PromptSketch;
 use super::reason::Reason;
 use super::reference::{Decision, Facts};
@@ -38,7 +40,6 @@ use super::waiters::{
 use super::working_set::{EngineCapacity, TierError};
 use super::Core;
 use crate::error::AcquireError;
-use crate::probe::ProbeAnswer;
 use crate::sync::{Arc, Ordering};
 
 /// What the driver of an attempt must do next.
@@ -97,82 +98,6 @@ impl fmt::Display for StepError {
 
 impl std::error::Error for StepError {}
 
-/// What an admission looked like.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct Admission {
-    /// Gate-unique id of the lease.
-    pub lease_id: u64,
-    /// Which row of the table admitted the attempt.
-    pub reason: Reason,
-    /// Time from the start of the attempt to its admission.
-    pub wait: Duration,
-    /// Whether the attempt slept at least once.
-    pub waited: bool,
-    /// Usage answer of the deciding pass (`None` if unavailable).
-    pub usage: Option<f64>,
-    /// Prefix hit ratio of the deciding pass (`None` if not asked or unavailable).
-    /// Unlike the reference, never carried over from an earlier pass.
-    pub hit_ratio: Option<f64>,
-    /// Whether the lease holds the session's place: in reference mode its
-    /// reservation (as
-    /// [`SessionStats::reservation`](crate::SessionStats::reservation)
-    /// counts), in working-set mode always, its place in the working set
-    /// (no reservation: the session's `reservation` stays
-    /// [`ReservationState::None`](crate::ReservationState)).
-    pub retain_session: bool,
-}
-
-/// A granted lease as plain data: hand it back to [`Core::release`] exactly
-/// once. The blocking gate wraps it in [`Lease`](crate::Lease), which does
-/// that on drop.
-#[must_use = "a lease that is never released keeps its session's reservation and starves waiters"]
-///
-/// Internal to Rust: the C ABI hands out a `u64` lease handle and keeps the
-/// token in its registry, so the token's layout is no part of the ABI. It
-/// is moved several times per turn (into the step, the result, the lease,
-/// back to the core): `tests::lease_token_stays_small` keeps it at 128 bytes.
-pub struct LeaseToken {
-    key: SessionKey,
-    admission: Admission,
-    holds: Holds,
-    turn: Turn,
-}
-
-impl fmt::Debug for LeaseToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseToken")
-            .field("session", &String::from_utf8_lossy(&self.key.bytes))
-            .field("admission", &self.admission)
-            .finish()
-    }
-}
-
-impl LeaseToken {
-    /// What the admission looked like.
-    pub fn admission(&self) -> &Admission {
-        &self.admission
-    }
-
-    /// The session the lease belongs to.
-    pub fn session_id(&self) -> &[u8] {
-        &self.key.bytes
-    }
-
-    pub(crate) fn new(key: SessionKey, admission: Admission, holds: Holds, turn: Turn) -> Self {
-        Self {
-            key,
-            admission,
-            holds,
-            turn,
-        }
-    }
-
-    pub(crate) fn into_parts(self) -> (SessionKey, Admission, Holds, Turn) {
-        (self.key, self.admission, self.holds, self.turn)
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     New,
@@ -192,6 +117,27 @@ impl Phase {
             Phase::Asleep => "on_wake",
             Phase::Done => "nothing",
         }
+    }
+}
+
+impl Core {
+    /// Begins an attempt for `session` at `now`, driven through `&self`
+    /// ([`Attempt::begin`] takes an `Arc<Core>` or any other handle).
+    ///
+    /// Any older attempt of the same session that is still competing for
+    /// admission is preempted here: its fate is sealed under the session's
+    /// lock and it is woken at once. `deadline` (absolute, same clock as
+    /// `now`) bounds how long the attempt may wait. `notifier` is how the
+    /// core wakes whoever drives this attempt.
+    pub fn begin(
+        &self,
+        session: &[u8],
+        prompt_len: usize,
+        now: u64,
+        deadline: Option<u64>,
+        notifier: Box<dyn Notify>,
+    ) -> Result<Attempt<&Self>, AcquireError> {
+        Attempt::begin(self, session, prompt_len, now, deadline, notifier)
     }
 }
 
@@ -743,27 +689,5 @@ impl Machine {
             core.pass_on_event();
         }
         Step::Failed(err)
-    }
-}
-
-/// What an admission records (see `Core::grant`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Grant {
-    pub(crate) reason: Reason,
-    pub(crate) prompt_len: usize,
-    /// The attempt's time from start to admission, if it slept.
-    pub(crate) waited: Option<u64>,
-    /// What the policy's decision holds (`Policy::decide`).
-    pub(crate) holds: Holds,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lease_token_stays_small() {
-        let size = std::mem::size_of::<LeaseToken>();
-        assert!(size <= 128, "LeaseToken grew to {size} bytes");
     }
 }

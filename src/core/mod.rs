@@ -26,8 +26,10 @@
 
 mod attempt;
 mod host_hints;
+mod lease_token;
 mod ledger;
 mod policy;
+mod probe_answer;
 pub mod prompt;
 mod reason;
 pub(crate) mod reference;
@@ -41,7 +43,9 @@ pub mod working_set;
 
 use std::fmt;
 
-pub use attempt::{Admission, Attempt, LeaseToken, Step, StepError};
+pub use attempt::{Attempt, Step, StepError};
+pub use lease_token::{Admission, LeaseToken};
+pub use probe_answer::ProbeAnswer;
 pub use prompt::PromptSketch;
 pub use reason::Reason;
 pub use stats::{GateStats, ReservationState, SessionStats};
@@ -155,25 +159,6 @@ impl Core {
         &self.config
     }
 
-    /// Begins an attempt for `session` at `now`, driven through `&self`
-    /// ([`Attempt::begin`] takes an `Arc<Core>` or any other handle).
-    ///
-    /// Any older attempt of the same session that is still competing for
-    /// admission is preempted here: its fate is sealed under the session's
-    /// lock and it is woken at once. `deadline` (absolute, same clock as
-    /// `now`) bounds how long the attempt may wait. `notifier` is how the
-    /// core wakes whoever drives this attempt.
-    pub fn begin(
-        &self,
-        session: &[u8],
-        prompt_len: usize,
-        now: u64,
-        deadline: Option<u64>,
-        notifier: Box<dyn Notify>,
-    ) -> Result<Attempt<&Self>, AcquireError> {
-        Attempt::begin(self, session, prompt_len, now, deadline, notifier)
-    }
-
     /// Whether admission learns from the prompts' sketches
     /// ([`Attempt::set_prompt_sketch`]): working-set admission does, the
     /// reference table does not (a driver need not build them).
@@ -243,7 +228,7 @@ impl Core {
         ids: &mut sessions::IdMint,
         index: usize,
         c: &ShardCounters,
-        grant: attempt::Grant,
+        grant: lease_token::Grant,
         now: u64,
     ) -> (u64, Holds) {
         let bits = self.table.shard_bits();

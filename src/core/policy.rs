@@ -6,6 +6,7 @@
 //! this module looks at which policy is in force.
 
 use super::ledger::{EngineAnswers, Grants, Ledger, Turn};
+use super::probe_answer::ProbeAnswer;
 use super::prompt::PromptSketch;
 use super::reason::Reason;
 use super::reference::{Decision, Facts, Table};
@@ -17,7 +18,6 @@ use super::waiters::Waiters;
 use super::working_set::{Budget, EngineCapacity, HintError, Learned, RebuildCost, TierError};
 use super::working_set::{TurnReport, Verdict, WorkingSetStats};
 use crate::error::ReleaseError;
-use crate::probe::ProbeAnswer;
 
 /// The admission policy in force.
 // One per core, so the variants' sizes do not matter; boxing the ledger

@@ -12,12 +12,12 @@
 //!   └─ otherwise ─────────────────────────────────────▶ wait, then start over
 //! ```
 
+use super::probe_answer::ProbeAnswer;
 use super::reason::Reason;
 use super::sessions::{Expiry, Reservation, SessionRecord, SessionTable};
 use super::stats::ShardCounters;
 use super::timers::{TimerQueue, NEVER};
 use super::waiters::Waiters;
-use crate::probe::ProbeAnswer;
 
 /// The two thresholds the table compares against.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -8,9 +8,9 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use super::probe_answer::ProbeAnswer;
 use crate::core::reason::Reason;
 use crate::core::working_set::WorkingSetStats;
-use crate::probe::ProbeAnswer;
 use crate::sync::{AtomicU64, Ordering};
 
 /// One relaxed counter or gauge, read without any lock.
