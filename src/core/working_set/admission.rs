@@ -4,11 +4,42 @@
 
 use std::cell::OnceCell;
 
+use super::holding;
+
 use super::lifecycle::{Session, Stage};
 use super::lifetimes::Survival;
-use super::{Slot, Verdict, WorkingSet};
+use super::rotation_budget::RotationBudget;
+use super::types::{Slot, Verdict};
+use super::WorkingSet;
+
+/// What the admission rule keeps between calls.
+#[derive(Debug, Default)]
+pub(super) struct Admission {
+    /// Holding sessions out does not pay ([`WorkingSet::holding_pays`]).
+    pub(super) running_cold: bool,
+    /// Members parked so far.
+    pub(super) parked: u64,
+    /// What parks forced by the wait bound may still cost.
+    budget: RotationBudget,
+}
 
 impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
+    /// Decides again whether holding pays (module `holding`).
+    pub(super) fn update_holding(&mut self) {
+        let (margin, members) = (self.tuning.cold_margin, self.member_count);
+        let footprints =
+            || self.own_sum + self.members().map(|(s, _)| self.prefix_of(s)).sum::<u64>();
+        let waiting = self.queue.len();
+        let pays = holding::pays(
+            margin,
+            &self.capacity,
+            &self.means,
+            (members, waiting),
+            footprints,
+        );
+        self.admission.running_cold = !pays;
+    }
+
     /// The verdict on the session at the head of the queue, at `now`: the
     /// one rule that lets a session that is not a member in.
     ///
@@ -34,7 +65,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         if self.member_count == 0 {
             return Verdict::Empty;
         }
-        if !self.holding {
+        if self.admission.running_cold {
             return Verdict::RunningColdPays;
         }
         let Some(waiting) = self.sessions[s].waiting().copied() else {
@@ -47,7 +78,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         let bound = waiting.since.saturating_add(self.wait_bound_ns());
         if now >= bound && self.rotation_allowed(now) {
             let parked = self.park_until_fits(need, now);
-            self.rotation_budget.spend(parked);
+            self.admission.budget.spend(parked);
             if self.fits_beside_members(need) || self.member_count == 0 {
                 return Verdict::WaitBound;
             }
@@ -203,7 +234,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     pub(super) fn shrink_to_fit(&mut self, now: u64, keep: Option<Slot>) {
         // Nobody is parked while running cold pays: a member could be
         // parked for the room a head was just let in beyond.
-        if !self.holding {
+        if self.admission.running_cold {
             return;
         }
         let mut parked = false;
@@ -257,8 +288,8 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         // At most a refill of the cache: what the first head past its bound
         // finds after waiting `B` windows.
         let cap = self.capacity.window_ns() as f64 / 1e9;
-        self.rotation_budget.refill(now, per_sec, cap);
-        self.rotation_budget.allows()
+        self.admission.budget.refill(now, per_sec, cap);
+        self.admission.budget.allows()
     }
 
     /// Parks the member between turns released longest ago (never `keep`):
@@ -271,7 +302,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         let own = self.own(victim, self.sessions[victim].member()?.footprint);
         let prefix = self.prefix_of(victim);
         self.leave(victim, now, super::lifecycle::Leaving::BetweenTurns);
-        self.parked += 1;
+        self.admission.parked += 1;
         Some((prefix, own))
     }
 
@@ -281,7 +312,8 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         let head = self.candidate()?;
         let w = self.sessions[head].waiting()?;
         let paid_off = self
-            .rotation_budget
+            .admission
+            .budget
             .allows_at(self.rotation_refill_rate())
             .unwrap_or(0);
         (!w.past_bound).then(|| w.since.saturating_add(self.wait_bound_ns()).max(paid_off))

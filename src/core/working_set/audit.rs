@@ -4,7 +4,8 @@
 use std::hash::Hash;
 
 use super::lifecycle::{Links, Session, Stage, ToolGap};
-use super::{Slot, WorkingSet};
+use super::types::Slot;
+use super::WorkingSet;
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Checks the working set's internal consistency: the key index and

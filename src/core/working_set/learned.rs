@@ -60,6 +60,14 @@ impl Learned {
     }
 }
 
+/// A summary given back before the engine answered, and how many were
+/// dropped at its first answer (another engine's).
+#[derive(Debug, Default)]
+pub(super) struct Summaries {
+    pub(super) pending: Option<Learned>,
+    pub(super) dropped: u64,
+}
+
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// What this working set learned, with its engine's identity.
     pub(crate) fn learned(&self) -> Learned {
@@ -82,7 +90,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// pending.
     pub(crate) fn adopt(&mut self, learned: Learned) -> Result<(), SummaryError> {
         if !self.capacity.engine_told() {
-            self.pending_summary = Some(learned);
+            self.summaries.pending = Some(learned);
             return Ok(());
         }
         self.check_engine_of(&learned)?;
@@ -115,18 +123,18 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if !self.capacity.engine_told() {
             return;
         }
-        let Some(learned) = self.pending_summary.take() else {
+        let Some(learned) = self.summaries.pending.take() else {
             return;
         };
         match self.check_engine_of(&learned) {
             Ok(()) => self.apply(learned),
-            Err(_) => self.summaries_dropped += 1,
+            Err(_) => self.summaries.dropped += 1,
         }
     }
 
     /// Whether a summary waits for the engine's first answer.
     pub fn summary_pending(&self) -> bool {
-        self.pending_summary.is_some()
+        self.summaries.pending.is_some()
     }
 
     fn apply(&mut self, learned: Learned) {

@@ -26,7 +26,8 @@ use std::hash::Hash;
 
 use super::prefix_tree::NodeId;
 use super::tier::TierPlace;
-use super::{Slot, Verdict, WorkingSet};
+use super::types::{Slot, Verdict};
+use super::WorkingSet;
 use crate::core::prompt::PromptSketch;
 
 /// Why a member leaves the working set.
@@ -270,7 +271,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             joined: self.stays,
             reserve,
             grant: None,
-            cold: !self.holding,
+            cold: self.admission.running_cold,
             idle: Links::default(),
         });
         self.member_count += 1;

@@ -96,179 +96,41 @@ mod silences;
 mod tier;
 mod tuning;
 mod turns;
+mod types;
 mod window;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::hash::Hash;
 
 use slab::Slab;
 
+#[cfg(test)]
 use super::prompt::PromptSketch;
+
+use admission::Admission;
 use capacity::Capacity;
 use estimates::Means;
 pub use hints::{Budget, HintError};
 pub(crate) use learned::Learned;
+use learned::Summaries;
 use lifecycle::{Member, Session, Stage};
 use lifetimes::Lifetimes;
 use prefix_tree::PrefixTree;
 use queue::Queue;
 pub use rebuild::{CostError, RebuildCost};
 use roster::{Ghosts, IdleList};
-use rotation_budget::RotationBudget;
 use shared_prefix::{InFlight, SharedPrefix};
 use silences::Silences;
-use tier::TierParked;
+use tier::{TierParked, TierTold};
 /// Most lifetimes a saved summary carries: what the working set remembers.
 pub(crate) const LIFETIMES_IN_SUMMARY: usize = tuning::LIFETIMES_REMEMBERED;
 /// Most points of the per-pair cost's envelope a saved summary carries.
 pub(crate) const PAIR_SCALES_IN_SUMMARY: usize = rebuild::PAIR_SCALES;
-pub use tier::{KvTier, TierError};
 pub use tuning::Tuning;
-
-/// The map of sessions hashes with FxHash: its keys come hashed already
-/// (the core's `SessionKey` writes the session table's keyed hash).
-type KeyMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
-
-/// A session's index in [`WorkingSet::sessions`]: stable while the working
-/// set knows the session, so the queue and the list of members between
-/// turns name sessions by it.
-type Slot = usize;
-
-/// What the engine says about its KV cache (the capacity probe).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-#[non_exhaustive]
-pub struct EngineCapacity {
-    /// KV capacity in tokens (vLLM: `num_gpu_blocks × block_size`); 0 when unknown.
-    pub tokens: u64,
-    /// Tokens per KV block (vLLM's `block_size`); 0 when unknown.
-    pub block_tokens: u32,
-    /// The engine's typical prefill throughput (`kvgate_vllm`: the median
-    /// of its recent steps that were mostly prefill), tokens per second; 0
-    /// when unknown.
-    pub prefill_tokens_per_sec: f64,
-    /// The host tier behind the GPU cache, if the engine offloads KV
-    /// ([`EngineCapacity::with_tier`]); `None` says nothing of a tier.
-    pub tier: Option<KvTier>,
-    /// What the engine's prefill costs ([`EngineCapacity::with_rebuild_cost`]);
-    /// `None` keeps what was told before, or the estimate learned from turns.
-    pub rebuild_cost: Option<RebuildCost>,
-    /// The engine's longest sequence, tokens ([`EngineCapacity::with_max_model_len`]);
-    /// `None` keeps what was told before.
-    pub max_model_len: Option<u64>,
-}
-
-impl EngineCapacity {
-    /// An answer with all three figures (0 for any that is unknown).
-    pub fn new(tokens: u64, block_tokens: u32, prefill_tokens_per_sec: f64) -> Self {
-        let rate = if prefill_tokens_per_sec.is_finite() && prefill_tokens_per_sec > 0.0 {
-            prefill_tokens_per_sec
-        } else {
-            0.0
-        };
-        Self {
-            tokens,
-            block_tokens,
-            prefill_tokens_per_sec: rate,
-            tier: None,
-            rebuild_cost: None,
-            max_model_len: None,
-        }
-    }
-}
-
-/// What the host learned from the engine about one finished turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct TurnReport {
-    /// Prompt tokens the engine served from its prefix cache (vLLM's
-    /// `num_cached_tokens`), if known.
-    pub cached_tokens: Option<u64>,
-    /// Tokens the turn generated, if known.
-    pub output_tokens: Option<u64>,
-    /// Of `cached_tokens`, those the engine copied back from its host
-    /// tier ([`TurnReport::with_tier_cached`]), if known.
-    pub tier_cached_tokens: Option<u64>,
-}
-
-impl TurnReport {
-    /// A report of what the engine measured (`None` for what is unknown).
-    pub fn new(cached_tokens: Option<u64>, output_tokens: Option<u64>) -> Self {
-        Self {
-            cached_tokens,
-            output_tokens,
-            tier_cached_tokens: None,
-        }
-    }
-}
-
-/// The working set's answer to a turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// The session is a member: its window carries it in.
-    Member,
-    /// Its footprint fits beside the members'.
-    Fits,
-    /// Nobody else is in the working set (liveness).
-    Empty,
-    /// It waited past the wait bound, and members were parked for it.
-    WaitBound,
-    /// Holding sessions out does not pay now ([`WorkingSet::holding_pays`]):
-    /// it goes in whether or not it fits.
-    RunningColdPays,
-    /// It waits in the queue.
-    Wait,
-}
-
-/// Figures for monitoring.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-#[non_exhaustive]
-pub struct WorkingSetStats {
-    /// Sessions in the working set.
-    pub members: usize,
-    /// Sessions waiting to join.
-    pub waiting: usize,
-    /// Tokens counted now (members, the shared prefix, ghosts).
-    pub load_tokens: u64,
-    /// Capacity in force, tokens (0 while unknown).
-    pub capacity_tokens: u64,
-    /// Shared prefixes, each counted once while a member uses it, tokens.
-    pub shared_prefix_tokens: u64,
-    /// The refill window, ns.
-    pub window_ns: u64,
-    /// What re-prefilling costs the engine per token, seconds: the inverse
-    /// of the prefill rate the engine measures, else the host's told term
-    /// ([`RebuildCost`]; 0 while neither is known).
-    pub rebuild_secs_per_token: f64,
-    /// What re-prefilling costs the engine per attended query-key pair,
-    /// seconds: told by the host, else learned from the turns (0: a
-    /// rebuild is priced linearly).
-    pub rebuild_secs_per_pair: f64,
-    /// Members parked so far.
-    pub parked: u64,
-    /// Whether holding sessions out pays ([`WorkingSet::holding_pays`]), as
-    /// last decided for a queue head.
-    pub holding: bool,
-    /// How many turns ahead a joining session must still fit beside the
-    /// members: the turns a session runs in one refill window (1 while
-    /// that is unknown).
-    pub horizon_turns: u32,
-    /// The engine's host tier, tokens (0: none told).
-    pub tier_tokens: u64,
-    /// Engine answers and turn reports whose tier figures were refused
-    /// ([`TierError`]); each kept what was known before.
-    pub refused_answers: u64,
-    /// Cached tokens that turn reports said the host tier served, summed.
-    pub tier_cached_tokens: u64,
-    /// Own tokens of the sessions parked in the host tier, which come back
-    /// by a copy (0 without a tier).
-    pub tier_parked_tokens: u64,
-    /// Saved summaries dropped at the engine's first answer because they
-    /// were learned on another engine (`Gate::load_summary`).
-    pub summaries_dropped: u64,
-}
+pub use types::{EngineCapacity, KvTier, TierError, TurnReport, Verdict, WorkingSetStats};
+use types::{KeyMap, Slot};
 
 /// The working set of one engine.
 #[derive(Debug)]
@@ -299,22 +161,15 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     /// Sessions that left between turns, for ends presumed while the host
     /// tells none.
     silences: Silences,
-    parked: u64,
-    /// Whether holding sessions out pays ([`WorkingSet::holding_pays`]).
-    holding: bool,
-    /// What parks forced by the wait bound may still cost.
-    rotation_budget: RotationBudget,
-    /// Engine answers and turn reports refused ([`TierError`]).
-    refused_answers: u64,
-    /// Cached tokens the turn reports said came from the host tier.
-    tier_cached_tokens: u64,
+    /// Who was parked, whether holding pays, the rotation budget.
+    admission: Admission,
+    /// Answers refused, and the tier's hits reported.
+    told: TierTold,
     /// The sessions parked in the host tier, in the order the tier
     /// evicts them.
     tier_parked: TierParked,
-    /// A saved summary given before the engine answered (module `learned`).
-    pending_summary: Option<Learned>,
-    /// Summaries dropped at the engine's first answer: another engine's.
-    summaries_dropped: u64,
+    /// A saved summary given before the engine answered, and those dropped.
+    summaries: Summaries,
 }
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
@@ -337,14 +192,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             means: Means::default(),
             lifetimes: Lifetimes::default(),
             silences: Silences::default(),
-            parked: 0,
-            holding: true,
-            rotation_budget: RotationBudget::default(),
-            refused_answers: 0,
-            tier_cached_tokens: 0,
+            admission: Admission::default(),
+            told: TierTold::default(),
             tier_parked: TierParked::default(),
-            pending_summary: None,
-            summaries_dropped: 0,
+            summaries: Summaries::default(),
         }
     }
 
@@ -365,7 +216,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         says_tier: bool,
     ) -> Result<(), TierError> {
         if let Err(e) = self.check_engine(&engine, says_tier) {
-            self.refused_answers += 1;
+            self.told.refused += 1;
             return Err(e);
         }
         self.capacity.set_engine(engine);
@@ -568,6 +419,47 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             .is_some_and(|&s| self.sessions[s].member().is_some())
     }
 
+    /// Whether `key`'s turn waiting in the queue finds its prefix gone from
+    /// this engine as the working set counts it (module `resume`).
+    /// `Some(false)`: a member (its grant not collected yet), or parked in
+    /// the host tier: its cache is still here. `None`: the session neither
+    /// waits nor is a member.
+    pub fn waiting_cache_gone(&self, key: &K) -> Option<bool> {
+        resume::cache_gone(&self.sessions[*self.slots.get(key)?])
+    }
+
+    /// Whether holding sessions out pays, as last decided for a queue head.
+    pub fn holding_pays(&self) -> bool {
+        !self.admission.running_cold
+    }
+
+    /// The engine's longest sequence, tokens, if the host told it.
+    pub fn max_model_len(&self) -> Option<u64> {
+        self.capacity.max_model_len()
+    }
+
+    /// Tells `key`'s budget, before or at its first turn (a record is made
+    /// for a session not yet seen, forgotten with it). A later budget
+    /// replaces it. A refused one changes nothing.
+    pub fn set_budget(&mut self, key: &K, budget: Budget) -> Result<(), HintError> {
+        self.check_budget(&budget)?;
+        let s = self.slot_or_insert(key);
+        self.sessions[s].history.budget = budget;
+        Ok(())
+    }
+
+    /// Whether `budget` may be stored: no figure 0, its tokens within the
+    /// engine's `max_model_len` where that is known.
+    pub fn check_budget(&self, budget: &Budget) -> Result<(), HintError> {
+        budget.check(self.max_model_len())
+    }
+
+    /// `key`'s budget as told (`None`: the session is not known).
+    pub fn budget(&self, key: &K) -> Option<Budget> {
+        let &s = self.slots.get(key)?;
+        Some(self.sessions[s].history.budget())
+    }
+
     /// Figures for monitoring.
     pub fn stats(&self) -> WorkingSetStats {
         WorkingSetStats {
@@ -579,14 +471,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             window_ns: self.window_ns(),
             rebuild_secs_per_token: self.capacity.secs_per_token(),
             rebuild_secs_per_pair: self.capacity.secs_per_pair(),
-            parked: self.parked,
-            holding: self.holding,
+            parked: self.admission.parked,
+            holding: !self.admission.running_cold,
             horizon_turns: self.means.turns_in(self.window_ns()),
             tier_tokens: self.capacity.tier().map_or(0, |t| t.tokens),
-            refused_answers: self.refused_answers,
-            tier_cached_tokens: self.tier_cached_tokens,
+            refused_answers: self.told.refused,
+            tier_cached_tokens: self.told.tier_cached,
             tier_parked_tokens: self.tier_parked.tokens(),
-            summaries_dropped: self.summaries_dropped,
+            summaries_dropped: self.summaries.dropped,
         }
     }
 }

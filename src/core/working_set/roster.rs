@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use slab::Slab;
 
 use super::lifecycle::{Links, Session};
-use super::Slot;
+use super::types::Slot;
 
 /// The members between turns, by release, as a list threaded through
 /// their records: a member leaves it from wherever it is at once, and

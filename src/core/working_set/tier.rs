@@ -12,104 +12,10 @@
 //! a finite positive number, tier hits larger than the turn's cached tokens.
 
 use std::collections::VecDeque;
-use std::fmt;
 use std::hash::Hash;
 
-use super::{EngineCapacity, Slot, TurnReport, WorkingSet};
-
-/// The engine's host tier: its size and how fast it copies KV back.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub struct KvTier {
-    /// Tokens of KV the tier holds (vLLM: `kv_offloading_size` bytes over
-    /// the model's KV bytes per token).
-    pub tokens: u64,
-    /// Tokens of KV per second the engine copies from the tier back into
-    /// GPU memory (host-to-device bandwidth over KV bytes per token).
-    pub reload_tokens_per_sec: f64,
-}
-
-impl KvTier {
-    /// A tier of `tokens` tokens that reloads `reload_tokens_per_sec`.
-    /// Refuses an empty tier and a rate that is not finite and positive.
-    pub fn new(tokens: u64, reload_tokens_per_sec: f64) -> Result<Self, TierError> {
-        if tokens == 0 {
-            return Err(TierError::Empty);
-        }
-        if !(reload_tokens_per_sec.is_finite() && reload_tokens_per_sec > 0.0) {
-            return Err(TierError::ReloadRate(reload_tokens_per_sec));
-        }
-        Ok(Self {
-            tokens,
-            reload_tokens_per_sec,
-        })
-    }
-
-    /// Refuses a tier whose fields were set past [`KvTier::new`].
-    pub(super) fn check(&self) -> Result<(), TierError> {
-        Self::new(self.tokens, self.reload_tokens_per_sec).map(|_| ())
-    }
-}
-
-/// Why a tier figure was refused. The gate keeps what it knew before.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub enum TierError {
-    /// A tier of no tokens: a host without a tier tells none.
-    Empty,
-    /// The reload rate is zero, negative or not finite.
-    ReloadRate(f64),
-    /// The tier holds fewer tokens than the GPU cache: with write-through
-    /// it keeps a copy of every GPU block, so it cannot be smaller.
-    SmallerThanCache {
-        /// The tier's tokens.
-        tier_tokens: u64,
-        /// The GPU cache's tokens.
-        cache_tokens: u64,
-    },
-    /// An engine that told a tier answered without one: a tier is part of
-    /// the engine's configuration, fixed while it runs.
-    Disappeared,
-    /// A turn's report says the tier served more tokens than the turn found
-    /// cached at all (or tier hits without the cached tokens).
-    TierHitsOverCached {
-        /// Tokens the report says came from the tier.
-        tier_cached: u64,
-        /// The turn's cached tokens (0 when the report does not say).
-        cached: u64,
-    },
-}
-
-impl fmt::Display for TierError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Empty => write!(f, "a KV tier of 0 tokens (a host without a tier tells none)"),
-            Self::ReloadRate(r) => {
-                write!(f, "the KV tier's reload rate must be finite and > 0 tokens/s, not {r}")
-            }
-            Self::SmallerThanCache {
-                tier_tokens,
-                cache_tokens,
-            } => write!(
-                f,
-                "the KV tier ({tier_tokens} tokens) is smaller than the GPU cache ({cache_tokens} tokens)"
-            ),
-            Self::Disappeared => write!(
-                f,
-                "the engine told a KV tier before and none now (a tier is fixed while the engine runs)"
-            ),
-            Self::TierHitsOverCached {
-                tier_cached,
-                cached,
-            } => write!(
-                f,
-                "the turn's tier hits ({tier_cached} tokens) exceed its cached tokens ({cached})"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for TierError {}
+use super::types::{EngineCapacity, KvTier, Slot, TierError, TurnReport};
+use super::WorkingSet;
 
 impl EngineCapacity {
     /// This answer with the engine's host tier. Refuses a tier smaller
@@ -139,9 +45,28 @@ impl TurnReport {
 
     /// The tier hits of a report whose fields may have been set by hand:
     /// `None` when it says none or says more than its cached tokens.
-    pub(super) fn checked_tier_cached(&self) -> Option<u64> {
+    fn checked_tier_cached(&self) -> Option<u64> {
         let t = self.tier_cached_tokens?;
         check_tier_hits(self.cached_tokens, t).ok().map(|()| t)
+    }
+}
+
+/// What was counted of what the host told: answers and reports refused
+/// ([`TierError`]), and the cached tokens reports said the tier served.
+#[derive(Debug, Default)]
+pub(super) struct TierTold {
+    pub(super) refused: u64,
+    pub(super) tier_cached: u64,
+}
+
+impl TierTold {
+    /// Counts a turn report's tier hits, or its refusal.
+    pub(super) fn report(&mut self, report: &TurnReport) {
+        match report.checked_tier_cached() {
+            Some(t) => self.tier_cached += t,
+            None if report.tier_cached_tokens.is_some() => self.refused += 1,
+            None => {}
+        }
     }
 }
 

@@ -5,8 +5,10 @@
 use std::hash::Hash;
 
 use super::lifecycle::{Leaving, Session, Stage, ToolGap, Waiting};
+use super::types::{Slot, TurnReport, Verdict};
 use super::window::keeps_window;
-use super::{PromptSketch, Slot, TurnReport, Verdict, WorkingSet};
+use super::WorkingSet;
+use crate::core::prompt::PromptSketch;
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// A turn of `key` with a `prompt`-token prompt asks to be admitted at
@@ -106,7 +108,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             unreachable!("a member asks");
         };
         m.in_flight += 1;
-        m.cold = !self.holding;
+        m.cold = self.admission.running_cold;
         if footprint > m.footprint {
             self.own_sum =
                 self.own_sum - history.own(m.footprint, shared) + history.own(footprint, shared);
@@ -240,11 +242,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if let Some(out) = report.output_tokens {
             self.means.output_was(out);
         }
-        match report.checked_tier_cached() {
-            Some(t) => self.tier_cached_tokens += t,
-            None if report.tier_cached_tokens.is_some() => self.refused_answers += 1,
-            None => {}
-        }
+        self.told.report(&report);
         let Some(cached) = report.cached_tokens else {
             return;
         };
