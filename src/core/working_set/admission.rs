@@ -5,7 +5,6 @@
 use std::cell::OnceCell;
 
 use super::holding;
-
 use super::lifecycle::{Session, Stage};
 use super::lifetimes::Survival;
 use super::rotation_budget::RotationBudget;
@@ -26,17 +25,9 @@ pub(super) struct Admission {
 impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// Decides again whether holding pays (module `holding`).
     pub(super) fn update_holding(&mut self) {
-        let (margin, members) = (self.tuning.cold_margin, self.member_count);
-        let footprints =
-            || self.own_sum + self.members().map(|(s, _)| self.prefix_of(s)).sum::<u64>();
-        let waiting = self.queue.len();
-        let pays = holding::pays(
-            margin,
-            &self.capacity,
-            &self.means,
-            (members, waiting),
-            footprints,
-        );
+        let active = (self.member_count, self.queue.len());
+        let sum = || self.own_sum + self.members().map(|(s, _)| self.prefix_of(s)).sum::<u64>();
+        let pays = holding::pays(&self.tuning, &self.capacity, &self.means, active, sum);
         self.admission.running_cold = !pays;
     }
 
@@ -214,7 +205,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// take the room they need back.
     pub(super) fn candidate(&self) -> Option<Slot> {
         let head = self.queue.head()?;
-        if self.tier_parked.is_empty() {
+        if self.tier_parked.parked_sessions == 0 {
             return Some(head);
         }
         let parked = self

@@ -141,4 +141,54 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         }
         Ok(())
     }
+
+    /// The list of what the tier holds agrees with the sessions: no member
+    /// is parked there, each parked session is listed once at its place,
+    /// the sums and the count of what stands are the entries', and without
+    /// a tier nothing is listed.
+    pub(super) fn audit_tier(&self) -> Result<(), String> {
+        let t = &self.tier_parked;
+        if self.capacity.tier().is_none() && !t.order.is_empty() {
+            return Err("sessions listed in a tier the engine never told".into());
+        }
+        let (mut parked, mut ended, mut found, mut last) = (0, 0, 0, None);
+        for &(s, seq, own) in &t.order {
+            if last.is_some_and(|l| l >= seq) {
+                return Err("the tier's list is out of order".into());
+            }
+            last = Some(seq);
+            let Some(s) = s else {
+                ended += own;
+                continue;
+            };
+            if self.sessions.get(s).and_then(|r| r.parked_in_tier) != Some(seq) {
+                return Err("a session listed in the tier is not parked at its place".into());
+            }
+            (parked, found) = (parked + own, found + 1);
+        }
+        let mut listed = 0;
+        for (_, r) in self
+            .sessions
+            .iter()
+            .filter(|(_, r)| r.parked_in_tier.is_some())
+        {
+            if r.member().is_some() {
+                return Err("a member is also parked in the tier".into());
+            }
+            listed += 1;
+        }
+        if listed != found || listed != t.parked_sessions {
+            return Err(format!(
+                "{listed} sessions parked in the tier, {found} listed, {} counted",
+                t.parked_sessions
+            ));
+        }
+        if (parked, ended) != (t.parked, t.ended) {
+            return Err(format!(
+                "the tier's list adds up to parked {parked}, ended {ended}, but counts {}, {}",
+                t.parked, t.ended
+            ));
+        }
+        Ok(())
+    }
 }

@@ -8,7 +8,7 @@
 //! history `f`, which takes the engine `T(f)`, module `rebuild`), and at
 //! most `K / turn` (a turn in
 //! flight needs its history in the cache). When that bound is clearly
-//! ahead ([`Tuning::cold_margin`](super::Tuning::cold_margin)), as when tool
+//! ahead ([`Tuning::cold_margin`]), as when tool
 //! calls are long next to turns and the engine has prefill to spare,
 //! holding sessions out only idles them, and nobody is held out while it
 //! stays so. Decided again for each queue head; unknown figures (no rate,
@@ -16,13 +16,14 @@
 
 use super::capacity::Capacity;
 use super::estimates::Means;
+use super::tuning::Tuning;
 
 /// Whether holding pays, with `members` members and `waiting` sessions
 /// queued, `footprints` the members' own tokens and prefixes summed: the
-/// cold bound over the hot figure below `margin`. Unknown figures hold; an
-/// infinite margin always holds (no finite lead reaches it).
+/// cold bound over the hot figure below the margin. Unknown figures hold;
+/// an infinite margin always holds (no finite lead reaches it).
 pub(super) fn pays(
-    margin: f64,
+    tuning: &Tuning,
     capacity: &Capacity,
     means: &Means,
     (members, waiting): (usize, usize),
@@ -46,5 +47,5 @@ pub(super) fn pays(
     let fit = (tokens / footprint).max(1.0).min(active);
     let hot = fit / cycle;
     let cold = (active / cycle).min(1.0 / rebuild).min(fit / turn);
-    cold / hot < margin
+    cold / hot < tuning.cold_margin
 }

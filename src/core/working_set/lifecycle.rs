@@ -16,6 +16,10 @@
 //! | `Member` with an uncollected grant | its attempt is withdrawn | `Away` (it never ran)  | `WorkingSet::withdraw` |
 //! | `Member`, `Away` | finished or forgotten                    | record dropped             | `WorkingSet::end` |
 //! | `Waiting`  | finished or forgotten                          | `Waiting`, history cleared (its attempt keeps its place, as a new session's) | `WorkingSet::end` |
+//! | `Member`, a host tier told | parked, or its window over     | `Away` **in the tier** (`parked_in_tier`), listed in its eviction order (module `roster`) | `WorkingSet::leave` |
+//! | in the tier, `Waiting` | admitted                           | `Member`, out of the tier  | `WorkingSet::unpark_from_tier` |
+//! | in the tier | the tier outgrows it, least recently used first | out of the tier: a newcomer | `WorkingSet::trim_tier` |
+//! | in the tier | finished, forgotten or presumed ended         | out; its blocks an ended session's until evicted | `WorkingSet::end_in_tier` |
 //!
 //! Tool gap: `Closed` until a turn ends, `Open` from then until the
 //! session asks again, `Quiet` once it has been silent long enough to be
@@ -25,7 +29,7 @@
 use std::hash::Hash;
 
 use super::prefix_tree::NodeId;
-use super::tier::TierPlace;
+use super::roster::TierPlace;
 use super::types::{Slot, Verdict};
 use super::WorkingSet;
 use crate::core::prompt::PromptSketch;
@@ -288,17 +292,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             let key = self.sessions[s].key.clone();
             self.ghosts.insert(released, own, key);
             if self.capacity.tier().is_some() {
-                match why {
-                    Leaving::BetweenTurns => {
-                        let place = self.tier_parked.park(Some(s), own);
-                        self.sessions[s].parked_in_tier = Some(place);
-                    }
-                    // Its blocks stay in the tier until they are the least
-                    // recently used.
-                    Leaving::Ended => {
-                        self.tier_parked.park(None, own);
-                    }
-                }
+                // It is parked in the tier; an ended session's blocks stay
+                // there until they are the least recently used.
+                let parked = (why == Leaving::BetweenTurns).then_some(s);
+                let place = self.tier_parked.park(parked, own);
+                self.sessions[s].parked_in_tier = parked.map(|_| place);
                 self.trim_tier();
             }
         }
@@ -389,6 +387,39 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.prefixes.unhang(h.prefix.take());
             h.in_tree = false;
             h.shared_credit = 0;
+        }
+    }
+
+    /// The session at `s` no longer counts as parked in the host tier (it
+    /// rejoined).
+    pub(super) fn unpark_from_tier(&mut self, s: Slot) {
+        if let Some(place) = self.sessions[s].parked_in_tier.take() {
+            self.tier_parked.unpark(place, false);
+        }
+    }
+
+    /// The session at `s`, parked in the tier, ended (or is presumed to):
+    /// its blocks stay there, where they were, as an ended session's.
+    pub(super) fn end_in_tier(&mut self, s: Slot) {
+        if let Some(place) = self.sessions[s].parked_in_tier.take() {
+            self.tier_parked.unpark(place, true);
+        }
+    }
+
+    /// Drops the oldest of what the host tier holds beyond the members
+    /// while it all outgrows the tier, as the tier evicts it: the blocks of
+    /// sessions that ended, and sessions parked, which then come back by a
+    /// recomputation, as a newcomer does.
+    pub(super) fn trim_tier(&mut self) {
+        let Some(tier) = self.capacity.tier() else {
+            return;
+        };
+        while self.rotation_tokens() + self.tier_parked.ended > tier.tokens {
+            match self.tier_parked.evict_oldest() {
+                Some(Some(s)) => self.sessions[s].parked_in_tier = None,
+                Some(None) => {}
+                None => return,
+            }
         }
     }
 }

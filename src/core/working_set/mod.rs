@@ -102,6 +102,7 @@ mod window;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::hash::Hash;
 
 use slab::Slab;
@@ -120,17 +121,17 @@ use lifetimes::Lifetimes;
 use prefix_tree::PrefixTree;
 use queue::Queue;
 pub use rebuild::{CostError, RebuildCost};
-use roster::{Ghosts, IdleList};
+use roster::{Ghosts, IdleList, TierParked};
 use shared_prefix::{InFlight, SharedPrefix};
 use silences::Silences;
-use tier::{TierParked, TierTold};
+use tier::TierTold;
 /// Most lifetimes a saved summary carries: what the working set remembers.
 pub(crate) const LIFETIMES_IN_SUMMARY: usize = tuning::LIFETIMES_REMEMBERED;
 /// Most points of the per-pair cost's envelope a saved summary carries.
 pub(crate) const PAIR_SCALES_IN_SUMMARY: usize = rebuild::PAIR_SCALES;
 pub use tuning::Tuning;
+use types::Slot;
 pub use types::{EngineCapacity, KvTier, TierError, TurnReport, Verdict, WorkingSetStats};
-use types::{KeyMap, Slot};
 
 /// The working set of one engine.
 #[derive(Debug)]
@@ -140,7 +141,9 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     /// Every session known (members, sessions waiting, sessions between
     /// stays whose history is kept), each at its [`Slot`].
     sessions: Slab<Session<K>>,
-    slots: KeyMap<K, Slot>,
+    /// Hashed with FxHash: the keys come hashed already (the core's
+    /// `SessionKey` writes the session table's keyed hash).
+    slots: HashMap<K, Slot, rustc_hash::FxBuildHasher>,
     member_count: usize,
     /// The members between turns, by release.
     idle: IdleList,
@@ -179,7 +182,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             tuning,
             capacity: Capacity::new(tuning.initial_window_ns),
             sessions: Slab::new(),
-            slots: KeyMap::default(),
+            slots: HashMap::default(),
             member_count: 0,
             idle: IdleList::default(),
             own_sum: 0,
@@ -215,10 +218,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         engine: EngineCapacity,
         says_tier: bool,
     ) -> Result<(), TierError> {
-        if let Err(e) = self.check_engine(&engine, says_tier) {
-            self.told.refused += 1;
-            return Err(e);
-        }
+        self.check_engine(&engine, says_tier).inspect_err(|_| self.told.refused += 1)?;
         self.capacity.set_engine(engine);
         self.adopt_pending();
         Ok(())
@@ -323,7 +323,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// The tokens of the rotation: the shared prefix, the members' own
     /// tokens and those of the sessions parked in the host tier.
     fn rotation_tokens(&self) -> u64 {
-        self.shared_tokens() + self.own_sum + self.tier_parked.tokens()
+        self.shared_tokens() + self.own_sum + self.tier_parked.parked
     }
 
     /// `B` refill windows at the prefill rate, whatever the tier: past
@@ -395,7 +395,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// the working set and keeps its grant until its attempt collects it
     /// with [`WorkingSet::request`]. Returns them, with why.
     pub fn admit_waiting(&mut self, now: u64, out: &mut Vec<(K, Verdict)>) {
-        self.end_windows(now);
+        self.expire(now);
         self.admit_queue_heads(now, out);
     }
 
@@ -407,23 +407,16 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 
     /// Whether `key` is waiting in the queue.
     pub fn is_waiting(&self, key: &K) -> bool {
-        self.slots
-            .get(key)
-            .is_some_and(|&s| self.sessions[s].waiting().is_some())
+        self.queue_position(key).is_some()
     }
 
-    /// Whether `key` is in the working set.
+    /// Whether `key` is in the working set (its stays are numbered from 1).
     pub fn is_member(&self, key: &K) -> bool {
-        self.slots
-            .get(key)
-            .is_some_and(|&s| self.sessions[s].member().is_some())
+        self.membership(key) > 0
     }
 
     /// Whether `key`'s turn waiting in the queue finds its prefix gone from
-    /// this engine as the working set counts it (module `resume`).
-    /// `Some(false)`: a member (its grant not collected yet), or parked in
-    /// the host tier: its cache is still here. `None`: the session neither
-    /// waits nor is a member.
+    /// this engine as the working set counts it ([`resume::cache_gone`]).
     pub fn waiting_cache_gone(&self, key: &K) -> Option<bool> {
         resume::cache_gone(&self.sessions[*self.slots.get(key)?])
     }
@@ -477,7 +470,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             tier_tokens: self.capacity.tier().map_or(0, |t| t.tokens),
             refused_answers: self.told.refused,
             tier_cached_tokens: self.told.tier_cached,
-            tier_parked_tokens: self.tier_parked.tokens(),
+            tier_parked_tokens: self.tier_parked.parked,
             summaries_dropped: self.summaries.dropped,
         }
     }

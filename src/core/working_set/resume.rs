@@ -11,8 +11,10 @@
 
 use super::lifecycle::{Session, Stage};
 
-/// Whether the waiting turn of session `r` finds its prefix gone
-/// ([`WorkingSet::waiting_cache_gone`](super::WorkingSet::waiting_cache_gone)).
+/// Whether the waiting turn of session `r` finds its prefix gone.
+/// `Some(false)`: a member (its grant not collected yet), or parked in the
+/// host tier: its cache is still here. `None`: the session neither waits
+/// nor is a member.
 pub(super) fn cache_gone<K>(r: &Session<K>) -> Option<bool> {
     match r.stage {
         Stage::Member(_) => Some(false),

@@ -1,6 +1,7 @@
 //! The members between turns in the order the engine will evict their
-//! blocks ([`IdleList`]), and the sessions that left whose blocks it still
-//! holds ([`Ghosts`]).
+//! blocks ([`IdleList`]), the sessions that left whose blocks it still
+//! holds ([`Ghosts`]), and what a host tier holds beyond the members in
+//! the order it evicts it ([`TierParked`]).
 //!
 //! vLLM frees a finished request's blocks to the tail of its free queue
 //! and allocates from the head: the least recently freed blocks are
@@ -188,5 +189,74 @@ impl<K: PartialEq> Ghosts<K> {
             ));
         }
         Ok(())
+    }
+}
+
+/// A session's place among those parked in the host tier: its number in
+/// the order of parks, which orders the tier's list.
+pub(super) type TierPlace = u64;
+
+/// What the host tier holds beyond the members, in the order it evicts
+/// it (least recently used first; a session's blocks were last used at
+/// its last turn): the sessions that left the working set between turns,
+/// and the blocks of the sessions that ended.
+#[derive(Debug, Default)]
+pub(super) struct TierParked {
+    /// Oldest first, in order of place: the session (`None` for one that
+    /// ended), its place's number, its own tokens.
+    pub(super) order: VecDeque<(Option<Slot>, u64, u64)>,
+    /// Own tokens of the sessions parked (that may return).
+    pub(super) parked: u64,
+    /// How many sessions are parked (one may have no own tokens: its
+    /// history all shared).
+    pub(super) parked_sessions: usize,
+    /// Own tokens of the sessions that ended, until evicted.
+    pub(super) ended: u64,
+    next_seq: u64,
+}
+
+impl TierParked {
+    /// Lists what the session at `s` (`None`: one that ended) left in the
+    /// tier, `own` tokens, as the newest.
+    pub(super) fn park(&mut self, s: Option<Slot>, own: u64) -> TierPlace {
+        let place = self.next_seq;
+        self.next_seq += 1;
+        self.order.push_back((s, place, own));
+        match s {
+            Some(_) => {
+                (self.parked, self.parked_sessions) = (self.parked + own, self.parked_sessions + 1)
+            }
+            None => self.ended += own,
+        }
+        place
+    }
+
+    /// The session parked at `place` is no longer (it rejoined), or its
+    /// blocks stay as an ended session's (`ended`).
+    pub(super) fn unpark(&mut self, place: TierPlace, ended: bool) {
+        let at = self.order.binary_search_by_key(&place, |e| e.1);
+        let at = at.expect("a session parked in the tier is listed");
+        let own = self.order[at].2;
+        self.parked -= own;
+        self.parked_sessions -= 1;
+        if ended {
+            self.order[at].0 = None;
+            self.ended += own;
+        } else {
+            self.order.remove(at);
+        }
+    }
+
+    /// Drops the oldest entry, as the tier evicts it: returns it, its
+    /// session's slot if one was parked there.
+    pub(super) fn evict_oldest(&mut self) -> Option<Option<Slot>> {
+        let (s, _, own) = self.order.pop_front()?;
+        match s {
+            Some(_) => {
+                (self.parked, self.parked_sessions) = (self.parked - own, self.parked_sessions - 1)
+            }
+            None => self.ended -= own,
+        }
+        Some(s)
     }
 }

@@ -29,7 +29,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         sketch: Option<&PromptSketch>,
         now: u64,
     ) -> Verdict {
-        self.end_windows(now);
+        self.expire(now);
         let s = self.slot_or_insert(key);
         if let Some(m) = self.sessions[s].member_mut() {
             if let Some(grant) = m.grant.take() {
@@ -164,7 +164,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     ) {
         let slot = self.slots.get(key).copied();
         if self.membership_at(slot) != membership {
-            self.end_windows(now);
+            self.expire(now);
             return;
         }
         // A turn let in cold says nothing of a hot turn's time (counting it
@@ -191,7 +191,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 None => self.silences.left(s, now),
             }
         }
-        self.end_windows(now);
+        self.expire(now);
         if slot.is_some() {
             self.shrink_to_fit(now, None);
         }

@@ -3,14 +3,9 @@
 //! turn, the figures for monitoring. A leaf: the parent re-exports them,
 //! and the modules that check or keep the figures import them from here.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use super::rebuild::RebuildCost;
-
-/// The map of sessions hashes with FxHash: its keys come hashed already
-/// (the core's `SessionKey` writes the session table's keyed hash).
-pub(super) type KeyMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
 
 /// A session's index in `WorkingSet::sessions`: stable while the working
 /// set knows the session, so the queue and the list of members between

@@ -30,10 +30,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Ends the windows that are over at `now` (and presumes ended the
     /// sessions quiet for long enough).
     pub fn expire(&mut self, now: u64) {
-        self.end_windows(now);
-    }
-
-    pub(super) fn end_windows(&mut self, now: u64) {
         while let Some(first) = self.idle.first {
             let released = self.sessions[first].member().map_or(0, |m| m.released_at);
             let until = released.saturating_add(self.window_ns());
