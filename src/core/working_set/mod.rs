@@ -110,6 +110,7 @@ use slab::Slab;
 #[cfg(test)]
 use super::prompt::PromptSketch;
 
+use super::summary::SummaryError;
 use admission::Admission;
 use capacity::Capacity;
 use estimates::Means;
@@ -218,9 +219,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         engine: EngineCapacity,
         says_tier: bool,
     ) -> Result<(), TierError> {
-        self.check_engine(&engine, says_tier).inspect_err(|_| self.told.refused += 1)?;
+        self.check_engine(&engine, says_tier)
+            .inspect_err(|_| self.told.refused += 1)?;
         self.capacity.set_engine(engine);
-        self.adopt_pending();
+        self.summaries
+            .adopt_pending((&mut self.capacity, &mut self.means, &mut self.lifetimes));
         Ok(())
     }
 
@@ -228,12 +231,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// tier no smaller than the GPU cache, and, when it `says_tier`
     /// (a host that speaks of tiers, telling none), no tier lost.
     pub fn check_engine(&self, engine: &EngineCapacity, says_tier: bool) -> Result<(), TierError> {
-        tier::check_answer(
-            engine,
-            says_tier,
-            self.capacity.engine_tokens(),
-            self.capacity.tier(),
-        )
+        tier::check_answer(engine, says_tier, &self.capacity)
     }
 
     /// The engine's host tier, if it told one.
@@ -451,6 +449,24 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     pub fn budget(&self, key: &K) -> Option<Budget> {
         let &s = self.slots.get(key)?;
         Some(self.sessions[s].history.budget())
+    }
+
+    /// What this working set learned, with its engine's identity.
+    pub(crate) fn learned(&self) -> Learned {
+        Learned::of(&self.capacity, &self.means, &self.lifetimes)
+    }
+
+    /// Adopts a summary's figures, replacing what was learned ([`Summaries::adopt`]).
+    pub(crate) fn adopt(&mut self, learned: Learned) -> Result<(), SummaryError> {
+        self.summaries.adopt(
+            learned,
+            (&mut self.capacity, &mut self.means, &mut self.lifetimes),
+        )
+    }
+
+    /// Whether a summary waits for the engine's first answer.
+    pub fn summary_pending(&self) -> bool {
+        self.summaries.pending.is_some()
     }
 
     /// Figures for monitoring.

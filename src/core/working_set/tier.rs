@@ -13,6 +13,7 @@
 //! Sessions parked in the tier are a stage of the lifecycle (module
 //! `lifecycle`), listed in the tier's eviction order (module `roster`).
 
+use super::capacity::Capacity;
 use super::types::{EngineCapacity, KvTier, TierError, TurnReport};
 
 impl EngineCapacity {
@@ -78,21 +79,20 @@ fn check_tier_hits(cached: Option<u64>, tier_cached: u64) -> Result<(), TierErro
     }
 }
 
-/// Checks an engine answer against what the gate knew: `known_cache` and
-/// `known_tier` from earlier answers. `says_tier`: the answer speaks of a
-/// tier (an answer that does not keeps the tier known).
+/// Checks an engine answer against what the gate knew from earlier
+/// answers (`known`). `says_tier`: the answer speaks of a tier (an answer
+/// that does not keeps the tier known).
 pub(super) fn check_answer(
     engine: &EngineCapacity,
     says_tier: bool,
-    known_cache: u64,
-    known_tier: Option<KvTier>,
+    known: &Capacity,
 ) -> Result<(), TierError> {
     let cache = if engine.tokens > 0 {
         engine.tokens
     } else {
-        known_cache
+        known.engine_tokens()
     };
-    let tier = match (engine.tier, known_tier) {
+    let tier = match (engine.tier, known.tier()) {
         (Some(t), _) => {
             t.check()?;
             t
