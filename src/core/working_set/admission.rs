@@ -205,14 +205,14 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// take the room they need back.
     pub(super) fn candidate(&self) -> Option<Slot> {
         let head = self.queue.head()?;
-        if self.tier_parked.parked_sessions == 0 {
+        if self.evicted.parked_sessions == 0 {
             return Some(head);
         }
         let parked = self
             .queue
             .iter()
             .map(|(_, &s)| s)
-            .find(|&s| self.sessions[s].parked_in_tier.is_some());
+            .find(|&s| self.sessions[s].parked_in_tier);
         Some(parked.unwrap_or(head))
     }
 

@@ -4,6 +4,7 @@
 use std::hash::Hash;
 
 use super::lifecycle::{Links, Session, Stage, ToolGap};
+use super::roster::InTier;
 use super::types::Slot;
 use super::WorkingSet;
 
@@ -61,9 +62,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if waiting != self.queue.len() {
             return Err("a session thinks it is queued".into());
         }
-        if self.ghosts.keys().any(|k| self.is_member(k)) {
-            return Err("a member is also a ghost".into());
-        }
         let asking = |r: &Session<K>| match &r.stage {
             Stage::Waiting(_) => true,
             Stage::Member(m) => m.in_flight > 0,
@@ -77,7 +75,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             return Err("a session presumed ended is waiting or in flight".into());
         }
         self.audit_tier()?;
-        self.ghosts.audit()
+        self.evicted.audit(|k| self.is_member(k))
     }
 
     /// The key index names every record, each at its own slot, and nothing else.
@@ -147,31 +145,23 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// the sums and the count of what stands are the entries', and without
     /// a tier nothing is listed.
     pub(super) fn audit_tier(&self) -> Result<(), String> {
-        let t = &self.tier_parked;
-        if self.capacity.tier().is_none() && !t.order.is_empty() {
+        let t = &self.evicted;
+        if self.capacity.tier().is_none() && t.in_tier().next().is_some() {
             return Err("sessions listed in a tier the engine never told".into());
         }
-        let (mut parked, mut ended, mut found, mut last) = (0, 0, 0, None);
-        for &(s, seq, own) in &t.order {
-            if last.is_some_and(|l| l >= seq) {
-                return Err("the tier's list is out of order".into());
-            }
-            last = Some(seq);
-            let Some(s) = s else {
+        let (mut parked, mut ended, mut found) = (0, 0, 0);
+        for (own, tier) in t.in_tier() {
+            let InTier::Parked(s) = tier else {
                 ended += own;
                 continue;
             };
-            if self.sessions.get(s).and_then(|r| r.parked_in_tier) != Some(seq) {
-                return Err("a session listed in the tier is not parked at its place".into());
+            if !self.sessions.get(s).is_some_and(|r| r.parked_in_tier) {
+                return Err("a session listed in the tier is not parked there".into());
             }
             (parked, found) = (parked + own, found + 1);
         }
         let mut listed = 0;
-        for (_, r) in self
-            .sessions
-            .iter()
-            .filter(|(_, r)| r.parked_in_tier.is_some())
-        {
+        for (_, r) in self.sessions.iter().filter(|(_, r)| r.parked_in_tier) {
             if r.member().is_some() {
                 return Err("a member is also parked in the tier".into());
             }

@@ -29,7 +29,7 @@
 use std::hash::Hash;
 
 use super::prefix_tree::NodeId;
-use super::roster::TierPlace;
+use super::roster::InTier;
 use super::types::{Slot, Verdict};
 use super::WorkingSet;
 use crate::core::prompt::PromptSketch;
@@ -50,9 +50,8 @@ pub(super) struct Session<K> {
     pub(super) stage: Stage,
     pub(super) gap: ToolGap,
     pub(super) history: History,
-    /// Its place among the sessions parked in the host tier, while it is
-    /// one (module `tier`).
-    pub(super) parked_in_tier: Option<TierPlace>,
+    /// It is parked in the host tier (listed in module `roster`).
+    pub(super) parked_in_tier: bool,
 }
 
 /// Where a session stands.
@@ -224,7 +223,7 @@ impl<K> Session<K> {
             stage: Stage::Away,
             gap: ToolGap::Closed,
             history: History::default(),
-            parked_in_tier: None,
+            parked_in_tier: false,
         }
     }
 
@@ -259,7 +258,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         };
         self.queue.remove(w.at);
         // Its own ghost no longer counts: those blocks are its own again.
-        self.ghosts.forget(&self.sessions[s].key);
+        self.evicted.forget(&self.sessions[s].key);
         self.unpark_from_tier(s);
         let footprint = self.footprint(s, w.prompt);
         let reserve = self.means.next_turn_growth(&self.sessions[s].history);
@@ -290,20 +289,23 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if let Some((m, own)) = self.take_member(s) {
             let released = if m.in_flight > 0 { now } else { m.released_at };
             let key = self.sessions[s].key.clone();
-            self.ghosts.insert(released, own, key);
-            if self.capacity.tier().is_some() {
-                // It is parked in the tier; an ended session's blocks stay
-                // there until they are the least recently used.
-                let parked = (why == Leaving::BetweenTurns).then_some(s);
-                let place = self.tier_parked.park(parked, own);
-                self.sessions[s].parked_in_tier = parked.map(|_| place);
+            // With a tier it is parked there; an ended session's blocks
+            // stay there until they are the least recently used.
+            let tier = match (self.capacity.tier(), why) {
+                (None, _) => InTier::No,
+                (Some(_), Leaving::BetweenTurns) => InTier::Parked(s),
+                (Some(_), Leaving::Ended) => InTier::Ended,
+            };
+            self.evicted.leave(key, released, own, tier);
+            if tier != InTier::No {
+                self.sessions[s].parked_in_tier = tier == InTier::Parked(s);
                 self.trim_tier();
             }
         }
         if let (Leaving::BetweenTurns, Some(since)) = (why, self.sessions[s].gap.since()) {
             self.silences.left(s, since);
         }
-        self.ghosts.drop_freed_by(self.oldest_idle_release());
+        self.evicted.drop_freed_by(self.oldest_idle_release());
     }
 
     /// Takes the session at `s` out of the working set, if it is a member
@@ -337,7 +339,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 // It never ran: nothing of it is cached beyond what was
                 // before, so it leaves no ghost.
                 self.take_member(s);
-                self.ghosts.drop_freed_by(self.oldest_idle_release());
+                self.evicted.drop_freed_by(self.oldest_idle_release());
             }
             _ => {}
         }
@@ -360,7 +362,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// The session at `key` ended, told or forgotten.
     pub(super) fn end(&mut self, key: &K, now: u64) {
         let Some(&s) = self.slots.get(key) else {
-            self.ghosts.drop_freed_by(self.oldest_idle_release());
+            self.evicted.drop_freed_by(self.oldest_idle_release());
             return;
         };
         if !matches!(self.sessions[s].gap, ToolGap::Quiet { .. }) {
@@ -393,16 +395,16 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// The session at `s` no longer counts as parked in the host tier (it
     /// rejoined).
     pub(super) fn unpark_from_tier(&mut self, s: Slot) {
-        if let Some(place) = self.sessions[s].parked_in_tier.take() {
-            self.tier_parked.unpark(place, false);
+        if std::mem::take(&mut self.sessions[s].parked_in_tier) {
+            self.evicted.unpark(s, InTier::No);
         }
     }
 
     /// The session at `s`, parked in the tier, ended (or is presumed to):
     /// its blocks stay there, where they were, as an ended session's.
     pub(super) fn end_in_tier(&mut self, s: Slot) {
-        if let Some(place) = self.sessions[s].parked_in_tier.take() {
-            self.tier_parked.unpark(place, true);
+        if std::mem::take(&mut self.sessions[s].parked_in_tier) {
+            self.evicted.unpark(s, InTier::Ended);
         }
     }
 
@@ -414,9 +416,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let Some(tier) = self.capacity.tier() else {
             return;
         };
-        while self.rotation_tokens() + self.tier_parked.ended > tier.tokens {
-            match self.tier_parked.evict_oldest() {
-                Some(Some(s)) => self.sessions[s].parked_in_tier = None,
+        while self.rotation_tokens() + self.evicted.ended > tier.tokens {
+            match self.evicted.evict_oldest() {
+                Some(Some(s)) => self.sessions[s].parked_in_tier = false,
                 Some(None) => {}
                 None => return,
             }

@@ -122,7 +122,7 @@ use lifetimes::Lifetimes;
 use prefix_tree::PrefixTree;
 use queue::Queue;
 pub use rebuild::{CostError, RebuildCost};
-use roster::{Ghosts, IdleList, TierParked};
+use roster::{Evicted, IdleList};
 use shared_prefix::{InFlight, SharedPrefix};
 use silences::Silences;
 use tier::TierTold;
@@ -155,7 +155,9 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     queue: Queue,
     /// Stays begun so far: names each stay ([`Member::joined`]).
     stays: u64,
-    ghosts: Ghosts<K>,
+    /// The sessions that left whose blocks the engine or its host tier
+    /// still holds, in the order they left.
+    evicted: Evicted<K>,
     shared: SharedPrefix,
     /// The prefixes sessions that pass their prompts' tokens share, at
     /// every depth (module `prefix_tree`).
@@ -169,9 +171,6 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     admission: Admission,
     /// Answers refused, and the tier's hits reported.
     told: TierTold,
-    /// The sessions parked in the host tier, in the order the tier
-    /// evicts them.
-    tier_parked: TierParked,
     /// A saved summary given before the engine answered, and those dropped.
     summaries: Summaries,
 }
@@ -190,7 +189,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             reserve_sum: 0,
             queue: Queue::default(),
             stays: 0,
-            ghosts: Ghosts::default(),
+            evicted: Evicted::default(),
             shared: SharedPrefix::default(),
             prefixes: PrefixTree::default(),
             means: Means::default(),
@@ -198,7 +197,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             silences: Silences::default(),
             admission: Admission::default(),
             told: TierTold::default(),
-            tier_parked: TierParked::default(),
             summaries: Summaries::default(),
         }
     }
@@ -321,7 +319,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// The tokens of the rotation: the shared prefix, the members' own
     /// tokens and those of the sessions parked in the host tier.
     fn rotation_tokens(&self) -> u64 {
-        self.shared_tokens() + self.own_sum + self.tier_parked.parked
+        self.shared_tokens() + self.own_sum + self.evicted.parked
     }
 
     /// `B` refill windows at the prefill rate, whatever the tier: past
@@ -357,7 +355,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// The ghosts freed after the oldest member between turns.
     fn ghost_tokens(&self) -> u64 {
         self.oldest_idle_release()
-            .map_or(0, |oldest| self.ghosts.own_freed_after(oldest))
+            .map_or(0, |oldest| self.evicted.own_freed_after(oldest))
     }
 
     /// The own tokens out of `footprint` of the session at `s`.
@@ -414,7 +412,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     }
 
     /// Whether `key`'s turn waiting in the queue finds its prefix gone from
-    /// this engine as the working set counts it ([`resume::cache_gone`]).
+    /// this engine as the working set counts it (module `resume`): not for
+    /// a member or a session parked in the host tier; `None` for a session
+    /// neither waiting nor a member.
     pub fn waiting_cache_gone(&self, key: &K) -> Option<bool> {
         resume::cache_gone(&self.sessions[*self.slots.get(key)?])
     }
@@ -486,7 +486,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             tier_tokens: self.capacity.tier().map_or(0, |t| t.tokens),
             refused_answers: self.told.refused,
             tier_cached_tokens: self.told.tier_cached,
-            tier_parked_tokens: self.tier_parked.parked,
+            tier_parked_tokens: self.evicted.parked,
             summaries_dropped: self.summaries.dropped,
         }
     }

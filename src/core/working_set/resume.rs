@@ -18,7 +18,7 @@ use super::lifecycle::{Session, Stage};
 pub(super) fn cache_gone<K>(r: &Session<K>) -> Option<bool> {
     match r.stage {
         Stage::Member(_) => Some(false),
-        Stage::Waiting(_) => Some(r.parked_in_tier.is_none()),
+        Stage::Waiting(_) => Some(!r.parked_in_tier),
         Stage::Away => None,
     }
 }
