@@ -193,7 +193,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         let now = match &session.stage {
             Stage::Member(m) => u32::from(m.in_flight > 0),
             Stage::Waiting(_) => 1,
-            Stage::Away => 0,
+            Stage::Away | Stage::Parked => 0,
         };
         session.history.turns + now
     }
@@ -212,7 +212,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
             .queue
             .iter()
             .map(|(_, &s)| s)
-            .find(|&s| self.sessions[s].parked_in_tier);
+            .find(|&s| self.sessions[s].parked_in_tier());
         Some(parked.unwrap_or(head))
     }
 

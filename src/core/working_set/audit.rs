@@ -4,7 +4,6 @@
 use std::hash::Hash;
 
 use super::lifecycle::{Links, Session, Stage, ToolGap};
-use super::roster::InTier;
 use super::types::Slot;
 use super::WorkingSet;
 
@@ -65,7 +64,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         let asking = |r: &Session<K>| match &r.stage {
             Stage::Waiting(_) => true,
             Stage::Member(m) => m.in_flight > 0,
-            Stage::Away => false,
+            Stage::Away | Stage::Parked => false,
         };
         if self
             .sessions
@@ -74,8 +73,17 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         {
             return Err("a session presumed ended is waiting or in flight".into());
         }
-        self.audit_tier()?;
-        self.evicted.audit(|k| self.is_member(k))
+        let listed = self
+            .sessions
+            .iter()
+            .filter(|(_, r)| r.parked_in_tier())
+            .count();
+        if listed != self.evicted.parked_sessions {
+            return Err("the sessions parked in the tier are not those listed".into());
+        }
+        let parked = |s| self.sessions.get(s).is_some_and(Session::parked_in_tier);
+        let told = self.capacity.tier().is_some();
+        self.evicted.audit(told, |k| self.is_member(k), parked)
     }
 
     /// The key index names every record, each at its own slot, and nothing else.
@@ -136,48 +144,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             .any(|(_, m)| m.in_flight > 0 && m.idle != Links::default())
         {
             return Err("a member in flight keeps links between turns".into());
-        }
-        Ok(())
-    }
-
-    /// The list of what the tier holds agrees with the sessions: no member
-    /// is parked there, each parked session is listed once at its place,
-    /// the sums and the count of what stands are the entries', and without
-    /// a tier nothing is listed.
-    pub(super) fn audit_tier(&self) -> Result<(), String> {
-        let t = &self.evicted;
-        if self.capacity.tier().is_none() && t.in_tier().next().is_some() {
-            return Err("sessions listed in a tier the engine never told".into());
-        }
-        let (mut parked, mut ended, mut found) = (0, 0, 0);
-        for (own, tier) in t.in_tier() {
-            let InTier::Parked(s) = tier else {
-                ended += own;
-                continue;
-            };
-            if !self.sessions.get(s).is_some_and(|r| r.parked_in_tier) {
-                return Err("a session listed in the tier is not parked there".into());
-            }
-            (parked, found) = (parked + own, found + 1);
-        }
-        let mut listed = 0;
-        for (_, r) in self.sessions.iter().filter(|(_, r)| r.parked_in_tier) {
-            if r.member().is_some() {
-                return Err("a member is also parked in the tier".into());
-            }
-            listed += 1;
-        }
-        if listed != found || listed != t.parked_sessions {
-            return Err(format!(
-                "{listed} sessions parked in the tier, {found} listed, {} counted",
-                t.parked_sessions
-            ));
-        }
-        if (parked, ended) != (t.parked, t.ended) {
-            return Err(format!(
-                "the tier's list adds up to parked {parked}, ended {ended}, but counts {}, {}",
-                t.parked, t.ended
-            ));
         }
         Ok(())
     }

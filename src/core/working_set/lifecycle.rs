@@ -7,19 +7,18 @@
 //!
 //! | from       | event                                          | to                         | function |
 //! |------------|------------------------------------------------|----------------------------|----------|
-//! | `Away`     | its turn asks                                  | `Waiting`                  | `WorkingSet::enqueue` |
+//! | `Away`, `Parked` | its turn asks                            | `Waiting{parked}` (whether from `Parked`) | `WorkingSet::enqueue` |
 //! | `Waiting`  | admitted (at its request, or handed over while it sleeps) | `Member{in_flight: 1}` | `WorkingSet::join` |
-//! | `Waiting`  | its attempt is withdrawn                       | `Away`                     | `WorkingSet::withdraw` |
+//! | `Waiting{parked}` | its attempt is withdrawn                | `Parked` if `parked`, else `Away` | `WorkingSet::withdraw` |
 //! | `Member`   | its turn asks (a grant handed over is collected) | `Member{in_flight + 1}` | `WorkingSet::member_request` |
 //! | `Member`   | its turn ends                                  | `Member{in_flight - 1}`    | `WorkingSet::member_release` |
-//! | `Member`   | parked, window over, or its tool calls outlast the window | `Away`  | `WorkingSet::leave` |
+//! | `Member`   | parked, window over, or its tool calls outlast the window | `Parked` with a host tier told, else `Away` | `WorkingSet::leave` |
 //! | `Member` with an uncollected grant | its attempt is withdrawn | `Away` (it never ran)  | `WorkingSet::withdraw` |
-//! | `Member`, `Away` | finished or forgotten                    | record dropped             | `WorkingSet::end` |
+//! | `Member`, `Away`, `Parked` | finished or forgotten          | record dropped             | `WorkingSet::end` |
 //! | `Waiting`  | finished or forgotten                          | `Waiting`, history cleared (its attempt keeps its place, as a new session's) | `WorkingSet::end` |
-//! | `Member`, a host tier told | parked, or its window over     | `Away` **in the tier** (`parked_in_tier`), listed in its eviction order (module `roster`) | `WorkingSet::leave` |
-//! | in the tier, `Waiting` | admitted                           | `Member`, out of the tier  | `WorkingSet::unpark_from_tier` |
-//! | in the tier | the tier outgrows it, least recently used first | out of the tier: a newcomer | `WorkingSet::trim_tier` |
-//! | in the tier | finished, forgotten or presumed ended         | out; its blocks an ended session's until evicted | `WorkingSet::end_in_tier` |
+//! | `Waiting{parked: true}` | admitted                          | `Member`, out of the tier's list | `WorkingSet::out_of_tier` |
+//! | `Parked`, `Waiting{parked: true}` | the tier outgrows it, least recently used first | `Away`, `Waiting{parked: false}`: a newcomer | `WorkingSet::trim_tier` |
+//! | `Parked`, `Waiting{parked: true}` | finished, forgotten or presumed ended | `Away`, `Waiting{parked: false}`; its blocks an ended session's until evicted | `WorkingSet::out_of_tier` |
 //!
 //! Tool gap: `Closed` until a turn ends, `Open` from then until the
 //! session asks again, `Quiet` once it has been silent long enough to be
@@ -50,8 +49,6 @@ pub(super) struct Session<K> {
     pub(super) stage: Stage,
     pub(super) gap: ToolGap,
     pub(super) history: History,
-    /// It is parked in the host tier (listed in module `roster`).
-    pub(super) parked_in_tier: bool,
 }
 
 /// Where a session stands.
@@ -60,6 +57,9 @@ pub(super) enum Stage {
     /// Neither waiting nor a member: new, or out of the working set since
     /// it was parked or its window ended.
     Away,
+    /// As `Away`, its blocks parked in the host tier (listed in its eviction
+    /// order, module `roster`): it comes back by a copy.
+    Parked,
     /// In the queue.
     Waiting(Waiting),
     /// In the working set.
@@ -79,6 +79,8 @@ pub(super) struct Waiting {
     /// (members in flight are never cut short): only a release can let it
     /// in now, so the bound is no longer a deadline.
     pub(super) past_bound: bool,
+    /// It waits with its blocks parked in the host tier.
+    pub(super) parked: bool,
 }
 
 /// A member of the working set.
@@ -223,8 +225,26 @@ impl<K> Session<K> {
             stage: Stage::Away,
             gap: ToolGap::Closed,
             history: History::default(),
-            parked_in_tier: false,
         }
+    }
+
+    /// Whether its blocks are parked in the host tier.
+    pub(super) fn parked_in_tier(&self) -> bool {
+        matches!(
+            self.stage,
+            Stage::Parked | Stage::Waiting(Waiting { parked: true, .. })
+        )
+    }
+
+    /// Its blocks are no longer parked in the host tier; returns whether
+    /// they were.
+    pub(super) fn leave_tier(&mut self) -> bool {
+        match &mut self.stage {
+            Stage::Parked => self.stage = Stage::Away,
+            Stage::Waiting(w) if w.parked => w.parked = false,
+            _ => return false,
+        }
+        true
     }
 
     pub(super) fn member(&self) -> Option<&Member> {
@@ -259,7 +279,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         self.queue.remove(w.at);
         // Its own ghost no longer counts: those blocks are its own again.
         self.evicted.forget(&self.sessions[s].key);
-        self.unpark_from_tier(s);
+        self.out_of_tier(s, InTier::No);
         let footprint = self.footprint(s, w.prompt);
         let reserve = self.means.next_turn_growth(&self.sessions[s].history);
         self.own_sum += self.own(s, footprint);
@@ -291,14 +311,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             let key = self.sessions[s].key.clone();
             // With a tier it is parked there; an ended session's blocks
             // stay there until they are the least recently used.
-            let tier = match (self.capacity.tier(), why) {
-                (None, _) => InTier::No,
-                (Some(_), Leaving::BetweenTurns) => InTier::Parked(s),
-                (Some(_), Leaving::Ended) => InTier::Ended,
+            let (tier, stage) = match (self.capacity.tier(), why) {
+                (None, _) => (InTier::No, Stage::Away),
+                (Some(_), Leaving::BetweenTurns) => (InTier::Parked(s), Stage::Parked),
+                (Some(_), Leaving::Ended) => (InTier::Ended, Stage::Away),
             };
             self.evicted.leave(key, released, own, tier);
+            self.sessions[s].stage = stage;
             if tier != InTier::No {
-                self.sessions[s].parked_in_tier = tier == InTier::Parked(s);
                 self.trim_tier();
             }
         }
@@ -331,9 +351,9 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         };
         match &mut self.sessions[s].stage {
             Stage::Waiting(w) => {
-                let at = w.at;
+                let (at, parked) = (w.at, w.parked);
                 self.queue.remove(at);
-                self.sessions[s].stage = Stage::Away;
+                self.sessions[s].stage = if parked { Stage::Parked } else { Stage::Away };
             }
             Stage::Member(m) if m.grant.is_some() => {
                 // It never ran: nothing of it is cached beyond what was
@@ -369,7 +389,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.lifetimes.record(self.sessions[s].history.turns);
         }
         self.leave(s, now, Leaving::Ended);
-        self.end_in_tier(s);
+        self.out_of_tier(s, InTier::Ended);
         self.unhang(s);
         let r = &mut self.sessions[s];
         if let Stage::Waiting(_) = r.stage {
@@ -392,19 +412,12 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         }
     }
 
-    /// The session at `s` no longer counts as parked in the host tier (it
-    /// rejoined).
-    pub(super) fn unpark_from_tier(&mut self, s: Slot) {
-        if std::mem::take(&mut self.sessions[s].parked_in_tier) {
-            self.evicted.unpark(s, InTier::No);
-        }
-    }
-
-    /// The session at `s`, parked in the tier, ended (or is presumed to):
-    /// its blocks stay there, where they were, as an ended session's.
-    pub(super) fn end_in_tier(&mut self, s: Slot) {
-        if std::mem::take(&mut self.sessions[s].parked_in_tier) {
-            self.evicted.unpark(s, InTier::Ended);
+    /// The session at `s` is no longer parked in the host tier, if it was:
+    /// it rejoined (`to`: `No`), or ended, its blocks staying there, where
+    /// they were, as an ended session's (`to`: `Ended`).
+    pub(super) fn out_of_tier(&mut self, s: Slot, to: InTier) {
+        if self.sessions[s].leave_tier() {
+            self.evicted.unpark(s, to);
         }
     }
 
@@ -418,7 +431,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         };
         while self.rotation_tokens() + self.evicted.ended > tier.tokens {
             match self.evicted.evict_oldest() {
-                Some(Some(s)) => self.sessions[s].parked_in_tier = false,
+                Some(Some(s)) => _ = self.sessions[s].leave_tier(),
                 Some(None) => {}
                 None => return,
             }

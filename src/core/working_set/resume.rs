@@ -18,8 +18,8 @@ use super::lifecycle::{Session, Stage};
 pub(super) fn cache_gone<K>(r: &Session<K>) -> Option<bool> {
     match r.stage {
         Stage::Member(_) => Some(false),
-        Stage::Waiting(_) => Some(!r.parked_in_tier),
-        Stage::Away => None,
+        Stage::Waiting(w) => Some(!w.parked),
+        Stage::Away | Stage::Parked => None,
     }
 }
 

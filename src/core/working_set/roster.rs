@@ -239,27 +239,38 @@ impl<K: PartialEq> Evicted<K> {
         from
     }
 
-    /// The entries the tier holds: own tokens, and how.
-    pub(super) fn in_tier(&self) -> impl Iterator<Item = (u64, InTier)> + '_ {
-        let held = self.left.iter().filter(|l| l.tier != InTier::No);
-        held.map(|l| (l.own, l.tier))
-    }
-
-    /// Every entry held somewhere, no ghost a member's, the ghosts' sum right.
-    pub(super) fn audit(&self, is_member: impl Fn(&K) -> bool) -> Result<(), String> {
-        let mut sum = 0;
+    /// Every entry held somewhere, and in the tier only if one was `told`;
+    /// no ghost a member's; every session listed in the tier `parked`
+    /// there; the sums and the count right.
+    pub(super) fn audit(
+        &self,
+        told: bool,
+        is_member: impl Fn(&K) -> bool,
+        parked: impl Fn(Slot) -> bool,
+    ) -> Result<(), String> {
+        let mut sums = (0, 0, 0, 0);
         for l in &self.left {
-            match (l.ghost, l.tier) {
-                (None, InTier::No) => return Err("a session that left is held nowhere".into()),
-                (Some(_), _) if is_member(&l.key) => return Err("a member is also a ghost".into()),
-                (Some(_), _) => sum += l.own,
-                (None, _) => {}
+            let wrong = match l.tier {
+                InTier::No if l.ghost.is_none() => Some("held nowhere"),
+                InTier::Parked(_) | InTier::Ended if !told => Some("in a tier never told"),
+                InTier::Parked(s) if !parked(s) => Some("listed in the tier, not parked"),
+                _ if l.ghost.is_some() && is_member(&l.key) => Some("a member's ghost"),
+                _ => None,
+            };
+            if let Some(wrong) = wrong {
+                return Err(format!("a session that left is {wrong}"));
+            }
+            sums.0 += l.ghost.map_or(0, |_| l.own);
+            match l.tier {
+                InTier::Parked(_) => (sums.1, sums.2) = (sums.1 + l.own, sums.2 + 1),
+                InTier::Ended => sums.3 += l.own,
+                InTier::No => {}
             }
         }
-        if sum != self.ghost_sum {
+        let counted = (self.ghost_sum, self.parked, self.parked_sessions);
+        if sums != (counted.0, counted.1, counted.2, self.ended) {
             return Err(format!(
-                "ghosts' sum {} but they add up to {sum}",
-                self.ghost_sum
+                "those that left add up to {sums:?}, not {counted:?}"
             ));
         }
         Ok(())

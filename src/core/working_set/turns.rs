@@ -67,13 +67,15 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     pub(super) fn enqueue(&mut self, s: Slot, prompt: u64, now: u64) {
         match &mut self.sessions[s].stage {
             Stage::Waiting(w) => w.prompt = prompt,
-            Stage::Away => {
+            Stage::Away | Stage::Parked => {
+                let parked = matches!(self.sessions[s].stage, Stage::Parked);
                 let at = self.queue.push(s);
                 self.sessions[s].stage = Stage::Waiting(Waiting {
                     at,
                     since: now,
                     prompt,
                     past_bound: false,
+                    parked,
                 });
             }
             Stage::Member(_) => unreachable!("a member does not queue"),
