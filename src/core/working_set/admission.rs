@@ -4,11 +4,33 @@
 
 use std::cell::OnceCell;
 
+use super::holding;
 use super::lifecycle::{Session, Stage};
 use super::lifetimes::Survival;
-use super::{Slot, Verdict, WorkingSet};
+use super::rotation_budget::RotationBudget;
+use super::types::{Slot, Verdict};
+use super::WorkingSet;
+
+/// What the admission rule keeps between calls.
+#[derive(Debug, Default)]
+pub(super) struct Admission {
+    /// Holding sessions out does not pay ([`WorkingSet::holding_pays`]).
+    pub(super) running_cold: bool,
+    /// Members parked so far.
+    pub(super) parked: u64,
+    /// What parks forced by the wait bound may still cost.
+    budget: RotationBudget,
+}
 
 impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
+    /// Decides again whether holding pays (module `holding`).
+    pub(super) fn update_holding(&mut self) {
+        let active = (self.member_count, self.queue.len());
+        let sum = || self.own_sum + self.members().map(|(s, _)| self.prefix_of(s)).sum::<u64>();
+        let pays = holding::pays(&self.tuning, &self.capacity, &self.means, active, sum);
+        self.admission.running_cold = !pays;
+    }
+
     /// The verdict on the session at the head of the queue, at `now`: the
     /// one rule that lets a session that is not a member in.
     ///
@@ -34,7 +56,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         if self.member_count == 0 {
             return Verdict::Empty;
         }
-        if !self.holding {
+        if self.admission.running_cold {
             return Verdict::RunningColdPays;
         }
         let Some(waiting) = self.sessions[s].waiting().copied() else {
@@ -47,7 +69,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         let bound = waiting.since.saturating_add(self.wait_bound_ns());
         if now >= bound && self.rotation_allowed(now) {
             let parked = self.park_until_fits(need, now);
-            self.rotation_budget.spend(parked);
+            self.admission.budget.spend(parked);
             if self.fits_beside_members(need) || self.member_count == 0 {
                 return Verdict::WaitBound;
             }
@@ -171,7 +193,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         let now = match &session.stage {
             Stage::Member(m) => u32::from(m.in_flight > 0),
             Stage::Waiting(_) => 1,
-            Stage::Away => 0,
+            Stage::Away | Stage::Parked => 0,
         };
         session.history.turns + now
     }
@@ -183,14 +205,14 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     /// take the room they need back.
     pub(super) fn candidate(&self) -> Option<Slot> {
         let head = self.queue.head()?;
-        if self.tier_parked.is_empty() {
+        if self.evicted.parked_sessions == 0 {
             return Some(head);
         }
         let parked = self
             .queue
             .iter()
             .map(|(_, &s)| s)
-            .find(|&s| self.sessions[s].parked_in_tier.is_some());
+            .find(|&s| self.sessions[s].parked_in_tier());
         Some(parked.unwrap_or(head))
     }
 
@@ -203,7 +225,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
     pub(super) fn shrink_to_fit(&mut self, now: u64, keep: Option<Slot>) {
         // Nobody is parked while running cold pays: a member could be
         // parked for the room a head was just let in beyond.
-        if !self.holding {
+        if self.admission.running_cold {
             return;
         }
         let mut parked = false;
@@ -257,8 +279,8 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         // At most a refill of the cache: what the first head past its bound
         // finds after waiting `B` windows.
         let cap = self.capacity.window_ns() as f64 / 1e9;
-        self.rotation_budget.refill(now, per_sec, cap);
-        self.rotation_budget.allows()
+        self.admission.budget.refill(now, per_sec, cap);
+        self.admission.budget.allows()
     }
 
     /// Parks the member between turns released longest ago (never `keep`):
@@ -271,7 +293,7 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         let own = self.own(victim, self.sessions[victim].member()?.footprint);
         let prefix = self.prefix_of(victim);
         self.leave(victim, now, super::lifecycle::Leaving::BetweenTurns);
-        self.parked += 1;
+        self.admission.parked += 1;
         Some((prefix, own))
     }
 
@@ -281,7 +303,8 @@ impl<K: Eq + std::hash::Hash + Clone> WorkingSet<K> {
         let head = self.candidate()?;
         let w = self.sessions[head].waiting()?;
         let paid_off = self
-            .rotation_budget
+            .admission
+            .budget
             .allows_at(self.rotation_refill_rate())
             .unwrap_or(0);
         (!w.past_bound).then(|| w.since.saturating_add(self.wait_bound_ns()).max(paid_off))

@@ -4,7 +4,8 @@
 use std::hash::Hash;
 
 use super::lifecycle::{Links, Session, Stage, ToolGap};
-use super::{Slot, WorkingSet};
+use super::types::Slot;
+use super::WorkingSet;
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Checks the working set's internal consistency: the key index and
@@ -60,13 +61,10 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if waiting != self.queue.len() {
             return Err("a session thinks it is queued".into());
         }
-        if self.ghosts.keys().any(|k| self.is_member(k)) {
-            return Err("a member is also a ghost".into());
-        }
         let asking = |r: &Session<K>| match &r.stage {
             Stage::Waiting(_) => true,
             Stage::Member(m) => m.in_flight > 0,
-            Stage::Away => false,
+            Stage::Away | Stage::Parked => false,
         };
         if self
             .sessions
@@ -75,8 +73,17 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         {
             return Err("a session presumed ended is waiting or in flight".into());
         }
-        self.audit_tier()?;
-        self.ghosts.audit()
+        let listed = self
+            .sessions
+            .iter()
+            .filter(|(_, r)| r.parked_in_tier())
+            .count();
+        if listed != self.evicted.parked_sessions {
+            return Err("the sessions parked in the tier are not those listed".into());
+        }
+        let parked = |s| self.sessions.get(s).is_some_and(Session::parked_in_tier);
+        let told = self.capacity.tier().is_some();
+        self.evicted.audit(told, |k| self.is_member(k), parked)
     }
 
     /// The key index names every record, each at its own slot, and nothing else.

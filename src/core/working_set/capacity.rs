@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use super::rebuild::{pairs, LearnedPairCost};
 use super::tuning::{USAGE_SAMPLES, USAGE_SAMPLE_FLOOR};
-use super::{EngineCapacity, KvTier};
+use super::types::{EngineCapacity, KvTier};
 
 /// The capacity in force and the refill window derived from it.
 #[derive(Debug)]

@@ -6,14 +6,15 @@
 //! stored, and the gate keeps what it had.
 //!
 //! This module stores them; the admission rule's window-ahead test reads
-//! them ([`WorkingSet::max_model_len`], [`History::budget`]) to bound how
+//! them ([`WorkingSet::max_model_len`](super::WorkingSet::max_model_len), [`History::budget`]) to bound how
 //! far it projects a session.
 
 use std::fmt;
-use std::hash::Hash;
 
 use super::lifecycle::History;
-use super::{EngineCapacity, WorkingSet};
+use super::types::EngineCapacity;
+#[cfg(test)]
+use super::WorkingSet;
 
 /// What the host knows of how far one session may run: an RL rollout's
 /// most turns and/or most tokens (prompt and output, its whole history).
@@ -117,35 +118,6 @@ impl History {
     /// none; every figure learned).
     pub(super) fn budget(&self) -> Budget {
         self.budget
-    }
-}
-
-impl<K: Eq + Hash + Clone> WorkingSet<K> {
-    /// The engine's longest sequence, tokens, if the host told it.
-    pub fn max_model_len(&self) -> Option<u64> {
-        self.capacity.max_model_len()
-    }
-
-    /// Tells `key`'s budget, before or at its first turn (a record is made
-    /// for a session not yet seen, forgotten with it). A later budget
-    /// replaces it. A refused one changes nothing.
-    pub fn set_budget(&mut self, key: &K, budget: Budget) -> Result<(), HintError> {
-        self.check_budget(&budget)?;
-        let s = self.slot_or_insert(key);
-        self.sessions[s].history.budget = budget;
-        Ok(())
-    }
-
-    /// Whether `budget` may be stored: no figure 0, its tokens within the
-    /// engine's `max_model_len` where that is known.
-    pub fn check_budget(&self, budget: &Budget) -> Result<(), HintError> {
-        budget.check(self.max_model_len())
-    }
-
-    /// `key`'s budget as told (`None`: the session is not known).
-    pub fn budget(&self, key: &K) -> Option<Budget> {
-        let &s = self.slots.get(key)?;
-        Some(self.sessions[s].history.budget())
     }
 }
 

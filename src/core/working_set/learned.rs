@@ -10,10 +10,10 @@
 //! dropped and counted (`WorkingSetStats::summaries_dropped`), never
 //! logged (the core has no logger).
 
-use std::hash::Hash;
-
+use super::capacity::Capacity;
 use super::estimates::Means;
 use super::lifetimes::Lifetimes;
+#[cfg(test)]
 use super::WorkingSet;
 use crate::core::summary::SummaryError;
 
@@ -60,84 +60,82 @@ impl Learned {
     }
 }
 
-impl<K: Eq + Hash + Clone> WorkingSet<K> {
-    /// What this working set learned, with its engine's identity.
-    pub(crate) fn learned(&self) -> Learned {
-        let (reported_rate, pair_envelope) = self.capacity.measured();
+/// What a summary replaces: the capacity's measures, the means, the lifetimes.
+pub(super) type Figures<'a> = (&'a mut Capacity, &'a mut Means, &'a mut Lifetimes);
+
+impl Learned {
+    /// What was learned, with the engine's identity.
+    pub(super) fn of(capacity: &Capacity, means: &Means, lifetimes: &Lifetimes) -> Self {
+        let (reported_rate, pair_envelope) = capacity.measured();
         Learned {
-            engine_tokens: self.capacity.engine_tokens(),
-            block_tokens: self.capacity.engine_block_tokens(),
-            max_model_len: self.capacity.max_model_len(),
-            means: self.means.figures(),
-            lifetimes: self.lifetimes.remembered().collect(),
+            engine_tokens: capacity.engine_tokens(),
+            block_tokens: capacity.engine_block_tokens(),
+            max_model_len: capacity.max_model_len(),
+            means: means.figures(),
+            lifetimes: lifetimes.remembered().collect(),
             reported_rate,
             pair_envelope,
         }
     }
 
-    /// Adopts a summary's figures, replacing what was learned: at once if
-    /// the engine has answered and matches (another engine: refused,
-    /// nothing changed), else at its first capacity answer
-    /// ([`WorkingSet::adopt_pending`]). A later summary replaces one
-    /// pending.
-    pub(crate) fn adopt(&mut self, learned: Learned) -> Result<(), SummaryError> {
-        if !self.capacity.engine_told() {
-            self.pending_summary = Some(learned);
-            return Ok(());
-        }
-        self.check_engine_of(&learned)?;
-        self.apply(learned);
-        Ok(())
+    /// Whether these figures come from the engine `capacity` describes.
+    fn check_engine(&self, capacity: &Capacity) -> Result<(), SummaryError> {
+        let (tokens, block) = (capacity.engine_tokens(), capacity.engine_block_tokens());
+        let same = self.same_engine(tokens, block, capacity.max_model_len());
+        same.then_some(()).ok_or(SummaryError::OtherEngine {
+            saved_tokens: self.engine_tokens,
+            saved_block_tokens: self.block_tokens,
+            tokens,
+            block_tokens: block,
+        })
     }
 
-    /// Whether `learned` comes from this working set's engine.
-    pub(crate) fn check_engine_of(&self, learned: &Learned) -> Result<(), SummaryError> {
-        let (tokens, block) = (
-            self.capacity.engine_tokens(),
-            self.capacity.engine_block_tokens(),
-        );
-        let max_model_len = self.capacity.max_model_len();
-        if learned.same_engine(tokens, block, max_model_len) {
-            Ok(())
-        } else {
-            Err(SummaryError::OtherEngine {
-                saved_tokens: learned.engine_tokens,
-                saved_block_tokens: learned.block_tokens,
-                tokens,
-                block_tokens: block,
-            })
+    fn apply(self, (capacity, means, lifetimes): Figures) {
+        *means = Means::from_figures(self.means);
+        let mut learned = Lifetimes::default();
+        for turns in self.lifetimes {
+            learned.record(turns);
         }
+        *lifetimes = learned;
+        capacity.adopt_measured(self.reported_rate, &self.pair_envelope);
+    }
+}
+
+/// A summary given back before the engine answered; those dropped at it.
+#[derive(Debug, Default)]
+pub(super) struct Summaries {
+    pub(super) pending: Option<Learned>,
+    pub(super) dropped: u64,
+}
+
+impl Summaries {
+    /// Adopts `learned`, replacing `figures`: at once if the engine has
+    /// answered and matches (another engine: refused, nothing changed),
+    /// else at its first capacity answer ([`Summaries::adopt_pending`]).
+    /// A later summary replaces one pending.
+    pub(super) fn adopt(&mut self, learned: Learned, figures: Figures) -> Result<(), SummaryError> {
+        if !figures.0.engine_told() {
+            self.pending = Some(learned);
+            return Ok(());
+        }
+        learned.check_engine(figures.0)?;
+        learned.apply(figures);
+        Ok(())
     }
 
     /// The engine answered: a summary pending since before is adopted if
     /// the engine matches, else dropped and counted.
-    pub(super) fn adopt_pending(&mut self) {
-        if !self.capacity.engine_told() {
+    pub(super) fn adopt_pending(&mut self, figures: Figures) {
+        if !figures.0.engine_told() {
             return;
         }
-        let Some(learned) = self.pending_summary.take() else {
+        let Some(learned) = self.pending.take() else {
             return;
         };
-        match self.check_engine_of(&learned) {
-            Ok(()) => self.apply(learned),
-            Err(_) => self.summaries_dropped += 1,
+        match learned.check_engine(figures.0) {
+            Ok(()) => learned.apply(figures),
+            Err(_) => self.dropped += 1,
         }
-    }
-
-    /// Whether a summary waits for the engine's first answer.
-    pub fn summary_pending(&self) -> bool {
-        self.pending_summary.is_some()
-    }
-
-    fn apply(&mut self, learned: Learned) {
-        self.means = Means::from_figures(learned.means);
-        let mut lifetimes = Lifetimes::default();
-        for turns in learned.lifetimes {
-            lifetimes.record(turns);
-        }
-        self.lifetimes = lifetimes;
-        self.capacity
-            .adopt_measured(learned.reported_rate, &learned.pair_envelope);
     }
 }
 

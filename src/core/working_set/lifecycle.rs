@@ -7,15 +7,18 @@
 //!
 //! | from       | event                                          | to                         | function |
 //! |------------|------------------------------------------------|----------------------------|----------|
-//! | `Away`     | its turn asks                                  | `Waiting`                  | `WorkingSet::enqueue` |
+//! | `Away`, `Parked` | its turn asks                            | `Waiting{parked}` (whether from `Parked`) | `WorkingSet::enqueue` |
 //! | `Waiting`  | admitted (at its request, or handed over while it sleeps) | `Member{in_flight: 1}` | `WorkingSet::join` |
-//! | `Waiting`  | its attempt is withdrawn                       | `Away`                     | `WorkingSet::withdraw` |
+//! | `Waiting{parked}` | its attempt is withdrawn                | `Parked` if `parked`, else `Away` | `WorkingSet::withdraw` |
 //! | `Member`   | its turn asks (a grant handed over is collected) | `Member{in_flight + 1}` | `WorkingSet::member_request` |
 //! | `Member`   | its turn ends                                  | `Member{in_flight - 1}`    | `WorkingSet::member_release` |
-//! | `Member`   | parked, window over, or its tool calls outlast the window | `Away`  | `WorkingSet::leave` |
+//! | `Member`   | parked, window over, or its tool calls outlast the window | `Parked` with a host tier told, else `Away` | `WorkingSet::leave` |
 //! | `Member` with an uncollected grant | its attempt is withdrawn | `Away` (it never ran)  | `WorkingSet::withdraw` |
-//! | `Member`, `Away` | finished or forgotten                    | record dropped             | `WorkingSet::end` |
+//! | `Member`, `Away`, `Parked` | finished or forgotten          | record dropped             | `WorkingSet::end` |
 //! | `Waiting`  | finished or forgotten                          | `Waiting`, history cleared (its attempt keeps its place, as a new session's) | `WorkingSet::end` |
+//! | `Waiting{parked: true}` | admitted                          | `Member`, out of the tier's list | `WorkingSet::out_of_tier` |
+//! | `Parked`, `Waiting{parked: true}` | the tier outgrows it, least recently used first | `Away`, `Waiting{parked: false}`: a newcomer | `WorkingSet::trim_tier` |
+//! | `Parked`, `Waiting{parked: true}` | finished, forgotten or presumed ended | `Away`, `Waiting{parked: false}`; its blocks an ended session's until evicted | `WorkingSet::out_of_tier` |
 //!
 //! Tool gap: `Closed` until a turn ends, `Open` from then until the
 //! session asks again, `Quiet` once it has been silent long enough to be
@@ -25,8 +28,9 @@
 use std::hash::Hash;
 
 use super::prefix_tree::NodeId;
-use super::tier::TierPlace;
-use super::{Slot, Verdict, WorkingSet};
+use super::roster::InTier;
+use super::types::{Slot, Verdict};
+use super::WorkingSet;
 use crate::core::prompt::PromptSketch;
 
 /// Why a member leaves the working set.
@@ -45,9 +49,6 @@ pub(super) struct Session<K> {
     pub(super) stage: Stage,
     pub(super) gap: ToolGap,
     pub(super) history: History,
-    /// Its place among the sessions parked in the host tier, while it is
-    /// one (module `tier`).
-    pub(super) parked_in_tier: Option<TierPlace>,
 }
 
 /// Where a session stands.
@@ -56,6 +57,9 @@ pub(super) enum Stage {
     /// Neither waiting nor a member: new, or out of the working set since
     /// it was parked or its window ended.
     Away,
+    /// As `Away`, its blocks parked in the host tier (listed in its eviction
+    /// order, module `roster`): it comes back by a copy.
+    Parked,
     /// In the queue.
     Waiting(Waiting),
     /// In the working set.
@@ -75,6 +79,8 @@ pub(super) struct Waiting {
     /// (members in flight are never cut short): only a release can let it
     /// in now, so the bound is no longer a deadline.
     pub(super) past_bound: bool,
+    /// It waits with its blocks parked in the host tier.
+    pub(super) parked: bool,
 }
 
 /// A member of the working set.
@@ -219,8 +225,26 @@ impl<K> Session<K> {
             stage: Stage::Away,
             gap: ToolGap::Closed,
             history: History::default(),
-            parked_in_tier: None,
         }
+    }
+
+    /// Whether its blocks are parked in the host tier.
+    pub(super) fn parked_in_tier(&self) -> bool {
+        matches!(
+            self.stage,
+            Stage::Parked | Stage::Waiting(Waiting { parked: true, .. })
+        )
+    }
+
+    /// Its blocks are no longer parked in the host tier; returns whether
+    /// they were.
+    pub(super) fn leave_tier(&mut self) -> bool {
+        match &mut self.stage {
+            Stage::Parked => self.stage = Stage::Away,
+            Stage::Waiting(w) if w.parked => w.parked = false,
+            _ => return false,
+        }
+        true
     }
 
     pub(super) fn member(&self) -> Option<&Member> {
@@ -254,8 +278,8 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         };
         self.queue.remove(w.at);
         // Its own ghost no longer counts: those blocks are its own again.
-        self.ghosts.forget(&self.sessions[s].key);
-        self.unpark_from_tier(s);
+        self.evicted.forget(&self.sessions[s].key);
+        self.out_of_tier(s, InTier::No);
         let footprint = self.footprint(s, w.prompt);
         let reserve = self.means.next_turn_growth(&self.sessions[s].history);
         self.own_sum += self.own(s, footprint);
@@ -270,7 +294,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             joined: self.stays,
             reserve,
             grant: None,
-            cold: !self.holding,
+            cold: self.admission.running_cold,
             idle: Links::default(),
         });
         self.member_count += 1;
@@ -285,26 +309,23 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if let Some((m, own)) = self.take_member(s) {
             let released = if m.in_flight > 0 { now } else { m.released_at };
             let key = self.sessions[s].key.clone();
-            self.ghosts.insert(released, own, key);
-            if self.capacity.tier().is_some() {
-                match why {
-                    Leaving::BetweenTurns => {
-                        let place = self.tier_parked.park(Some(s), own);
-                        self.sessions[s].parked_in_tier = Some(place);
-                    }
-                    // Its blocks stay in the tier until they are the least
-                    // recently used.
-                    Leaving::Ended => {
-                        self.tier_parked.park(None, own);
-                    }
-                }
+            // With a tier it is parked there; an ended session's blocks
+            // stay there until they are the least recently used.
+            let (tier, stage) = match (self.capacity.tier(), why) {
+                (None, _) => (InTier::No, Stage::Away),
+                (Some(_), Leaving::BetweenTurns) => (InTier::Parked(s), Stage::Parked),
+                (Some(_), Leaving::Ended) => (InTier::Ended, Stage::Away),
+            };
+            self.evicted.leave(key, released, own, tier);
+            self.sessions[s].stage = stage;
+            if tier != InTier::No {
                 self.trim_tier();
             }
         }
         if let (Leaving::BetweenTurns, Some(since)) = (why, self.sessions[s].gap.since()) {
             self.silences.left(s, since);
         }
-        self.ghosts.drop_freed_by(self.oldest_idle_release());
+        self.evicted.drop_freed_by(self.oldest_idle_release());
     }
 
     /// Takes the session at `s` out of the working set, if it is a member
@@ -330,15 +351,15 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         };
         match &mut self.sessions[s].stage {
             Stage::Waiting(w) => {
-                let at = w.at;
+                let (at, parked) = (w.at, w.parked);
                 self.queue.remove(at);
-                self.sessions[s].stage = Stage::Away;
+                self.sessions[s].stage = if parked { Stage::Parked } else { Stage::Away };
             }
             Stage::Member(m) if m.grant.is_some() => {
                 // It never ran: nothing of it is cached beyond what was
                 // before, so it leaves no ghost.
                 self.take_member(s);
-                self.ghosts.drop_freed_by(self.oldest_idle_release());
+                self.evicted.drop_freed_by(self.oldest_idle_release());
             }
             _ => {}
         }
@@ -361,14 +382,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// The session at `key` ended, told or forgotten.
     pub(super) fn end(&mut self, key: &K, now: u64) {
         let Some(&s) = self.slots.get(key) else {
-            self.ghosts.drop_freed_by(self.oldest_idle_release());
+            self.evicted.drop_freed_by(self.oldest_idle_release());
             return;
         };
         if !matches!(self.sessions[s].gap, ToolGap::Quiet { .. }) {
             self.lifetimes.record(self.sessions[s].history.turns);
         }
         self.leave(s, now, Leaving::Ended);
-        self.end_in_tier(s);
+        self.out_of_tier(s, InTier::Ended);
         self.unhang(s);
         let r = &mut self.sessions[s];
         if let Stage::Waiting(_) = r.stage {
@@ -388,6 +409,32 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             self.prefixes.unhang(h.prefix.take());
             h.in_tree = false;
             h.shared_credit = 0;
+        }
+    }
+
+    /// The session at `s` is no longer parked in the host tier, if it was:
+    /// it rejoined (`to`: `No`), or ended, its blocks staying there, where
+    /// they were, as an ended session's (`to`: `Ended`).
+    pub(super) fn out_of_tier(&mut self, s: Slot, to: InTier) {
+        if self.sessions[s].leave_tier() {
+            self.evicted.unpark(s, to);
+        }
+    }
+
+    /// Drops the oldest of what the host tier holds beyond the members
+    /// while it all outgrows the tier, as the tier evicts it: the blocks of
+    /// sessions that ended, and sessions parked, which then come back by a
+    /// recomputation, as a newcomer does.
+    pub(super) fn trim_tier(&mut self) {
+        let Some(tier) = self.capacity.tier() else {
+            return;
+        };
+        while self.rotation_tokens() + self.evicted.ended > tier.tokens {
+            match self.evicted.evict_oldest() {
+                Some(Some(s)) => _ = self.sessions[s].leave_tier(),
+                Some(None) => {}
+                None => return,
+            }
         }
     }
 }

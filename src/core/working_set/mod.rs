@@ -96,6 +96,7 @@ mod silences;
 mod tier;
 mod tuning;
 mod turns;
+mod types;
 mod window;
 
 #[cfg(test)]
@@ -106,169 +107,32 @@ use std::hash::Hash;
 
 use slab::Slab;
 
+#[cfg(test)]
 use super::prompt::PromptSketch;
+
+use super::summary::SummaryError;
+use admission::Admission;
 use capacity::Capacity;
 use estimates::Means;
 pub use hints::{Budget, HintError};
 pub(crate) use learned::Learned;
+use learned::Summaries;
 use lifecycle::{Member, Session, Stage};
 use lifetimes::Lifetimes;
 use prefix_tree::PrefixTree;
 use queue::Queue;
 pub use rebuild::{CostError, RebuildCost};
-use roster::{Ghosts, IdleList};
-use rotation_budget::RotationBudget;
+use roster::{Evicted, IdleList};
 use shared_prefix::{InFlight, SharedPrefix};
 use silences::Silences;
-use tier::TierParked;
+use tier::TierTold;
 /// Most lifetimes a saved summary carries: what the working set remembers.
 pub(crate) const LIFETIMES_IN_SUMMARY: usize = tuning::LIFETIMES_REMEMBERED;
 /// Most points of the per-pair cost's envelope a saved summary carries.
 pub(crate) const PAIR_SCALES_IN_SUMMARY: usize = rebuild::PAIR_SCALES;
-pub use tier::{KvTier, TierError};
 pub use tuning::Tuning;
-
-/// The map of sessions hashes with FxHash: its keys come hashed already
-/// (the core's `SessionKey` writes the session table's keyed hash).
-type KeyMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
-
-/// A session's index in [`WorkingSet::sessions`]: stable while the working
-/// set knows the session, so the queue and the list of members between
-/// turns name sessions by it.
-type Slot = usize;
-
-/// What the engine says about its KV cache (the capacity probe).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-#[non_exhaustive]
-pub struct EngineCapacity {
-    /// KV capacity in tokens (vLLM: `num_gpu_blocks × block_size`); 0 when unknown.
-    pub tokens: u64,
-    /// Tokens per KV block (vLLM's `block_size`); 0 when unknown.
-    pub block_tokens: u32,
-    /// The engine's typical prefill throughput (`kvgate_vllm`: the median
-    /// of its recent steps that were mostly prefill), tokens per second; 0
-    /// when unknown.
-    pub prefill_tokens_per_sec: f64,
-    /// The host tier behind the GPU cache, if the engine offloads KV
-    /// ([`EngineCapacity::with_tier`]); `None` says nothing of a tier.
-    pub tier: Option<KvTier>,
-    /// What the engine's prefill costs ([`EngineCapacity::with_rebuild_cost`]);
-    /// `None` keeps what was told before, or the estimate learned from turns.
-    pub rebuild_cost: Option<RebuildCost>,
-    /// The engine's longest sequence, tokens ([`EngineCapacity::with_max_model_len`]);
-    /// `None` keeps what was told before.
-    pub max_model_len: Option<u64>,
-}
-
-impl EngineCapacity {
-    /// An answer with all three figures (0 for any that is unknown).
-    pub fn new(tokens: u64, block_tokens: u32, prefill_tokens_per_sec: f64) -> Self {
-        let rate = if prefill_tokens_per_sec.is_finite() && prefill_tokens_per_sec > 0.0 {
-            prefill_tokens_per_sec
-        } else {
-            0.0
-        };
-        Self {
-            tokens,
-            block_tokens,
-            prefill_tokens_per_sec: rate,
-            tier: None,
-            rebuild_cost: None,
-            max_model_len: None,
-        }
-    }
-}
-
-/// What the host learned from the engine about one finished turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct TurnReport {
-    /// Prompt tokens the engine served from its prefix cache (vLLM's
-    /// `num_cached_tokens`), if known.
-    pub cached_tokens: Option<u64>,
-    /// Tokens the turn generated, if known.
-    pub output_tokens: Option<u64>,
-    /// Of `cached_tokens`, those the engine copied back from its host
-    /// tier ([`TurnReport::with_tier_cached`]), if known.
-    pub tier_cached_tokens: Option<u64>,
-}
-
-impl TurnReport {
-    /// A report of what the engine measured (`None` for what is unknown).
-    pub fn new(cached_tokens: Option<u64>, output_tokens: Option<u64>) -> Self {
-        Self {
-            cached_tokens,
-            output_tokens,
-            tier_cached_tokens: None,
-        }
-    }
-}
-
-/// The working set's answer to a turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// The session is a member: its window carries it in.
-    Member,
-    /// Its footprint fits beside the members'.
-    Fits,
-    /// Nobody else is in the working set (liveness).
-    Empty,
-    /// It waited past the wait bound, and members were parked for it.
-    WaitBound,
-    /// Holding sessions out does not pay now ([`WorkingSet::holding_pays`]):
-    /// it goes in whether or not it fits.
-    RunningColdPays,
-    /// It waits in the queue.
-    Wait,
-}
-
-/// Figures for monitoring.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-#[non_exhaustive]
-pub struct WorkingSetStats {
-    /// Sessions in the working set.
-    pub members: usize,
-    /// Sessions waiting to join.
-    pub waiting: usize,
-    /// Tokens counted now (members, the shared prefix, ghosts).
-    pub load_tokens: u64,
-    /// Capacity in force, tokens (0 while unknown).
-    pub capacity_tokens: u64,
-    /// Shared prefixes, each counted once while a member uses it, tokens.
-    pub shared_prefix_tokens: u64,
-    /// The refill window, ns.
-    pub window_ns: u64,
-    /// What re-prefilling costs the engine per token, seconds: the inverse
-    /// of the prefill rate the engine measures, else the host's told term
-    /// ([`RebuildCost`]; 0 while neither is known).
-    pub rebuild_secs_per_token: f64,
-    /// What re-prefilling costs the engine per attended query-key pair,
-    /// seconds: told by the host, else learned from the turns (0: a
-    /// rebuild is priced linearly).
-    pub rebuild_secs_per_pair: f64,
-    /// Members parked so far.
-    pub parked: u64,
-    /// Whether holding sessions out pays ([`WorkingSet::holding_pays`]), as
-    /// last decided for a queue head.
-    pub holding: bool,
-    /// How many turns ahead a joining session must still fit beside the
-    /// members: the turns a session runs in one refill window (1 while
-    /// that is unknown).
-    pub horizon_turns: u32,
-    /// The engine's host tier, tokens (0: none told).
-    pub tier_tokens: u64,
-    /// Engine answers and turn reports whose tier figures were refused
-    /// ([`TierError`]); each kept what was known before.
-    pub refused_answers: u64,
-    /// Cached tokens that turn reports said the host tier served, summed.
-    pub tier_cached_tokens: u64,
-    /// Own tokens of the sessions parked in the host tier, which come back
-    /// by a copy (0 without a tier).
-    pub tier_parked_tokens: u64,
-    /// Saved summaries dropped at the engine's first answer because they
-    /// were learned on another engine (`Gate::load_summary`).
-    pub summaries_dropped: u64,
-}
+use types::Slot;
+pub use types::{EngineCapacity, KvTier, TierError, TurnReport, Verdict, WorkingSetStats};
 
 /// The working set of one engine.
 #[derive(Debug)]
@@ -278,7 +142,9 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     /// Every session known (members, sessions waiting, sessions between
     /// stays whose history is kept), each at its [`Slot`].
     sessions: Slab<Session<K>>,
-    slots: KeyMap<K, Slot>,
+    /// Hashed with FxHash: the keys come hashed already (the core's
+    /// `SessionKey` writes the session table's keyed hash).
+    slots: HashMap<K, Slot, rustc_hash::FxBuildHasher>,
     member_count: usize,
     /// The members between turns, by release.
     idle: IdleList,
@@ -289,7 +155,9 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     queue: Queue,
     /// Stays begun so far: names each stay ([`Member::joined`]).
     stays: u64,
-    ghosts: Ghosts<K>,
+    /// The sessions that left whose blocks the engine or its host tier
+    /// still holds, in the order they left.
+    evicted: Evicted<K>,
     shared: SharedPrefix,
     /// The prefixes sessions that pass their prompts' tokens share, at
     /// every depth (module `prefix_tree`).
@@ -299,22 +167,12 @@ pub struct WorkingSet<K: Eq + Hash + Clone> {
     /// Sessions that left between turns, for ends presumed while the host
     /// tells none.
     silences: Silences,
-    parked: u64,
-    /// Whether holding sessions out pays ([`WorkingSet::holding_pays`]).
-    holding: bool,
-    /// What parks forced by the wait bound may still cost.
-    rotation_budget: RotationBudget,
-    /// Engine answers and turn reports refused ([`TierError`]).
-    refused_answers: u64,
-    /// Cached tokens the turn reports said came from the host tier.
-    tier_cached_tokens: u64,
-    /// The sessions parked in the host tier, in the order the tier
-    /// evicts them.
-    tier_parked: TierParked,
-    /// A saved summary given before the engine answered (module `learned`).
-    pending_summary: Option<Learned>,
-    /// Summaries dropped at the engine's first answer: another engine's.
-    summaries_dropped: u64,
+    /// Who was parked, whether holding pays, the rotation budget.
+    admission: Admission,
+    /// Answers refused, and the tier's hits reported.
+    told: TierTold,
+    /// A saved summary given before the engine answered, and those dropped.
+    summaries: Summaries,
 }
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
@@ -324,27 +182,22 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             tuning,
             capacity: Capacity::new(tuning.initial_window_ns),
             sessions: Slab::new(),
-            slots: KeyMap::default(),
+            slots: HashMap::default(),
             member_count: 0,
             idle: IdleList::default(),
             own_sum: 0,
             reserve_sum: 0,
             queue: Queue::default(),
             stays: 0,
-            ghosts: Ghosts::default(),
+            evicted: Evicted::default(),
             shared: SharedPrefix::default(),
             prefixes: PrefixTree::default(),
             means: Means::default(),
             lifetimes: Lifetimes::default(),
             silences: Silences::default(),
-            parked: 0,
-            holding: true,
-            rotation_budget: RotationBudget::default(),
-            refused_answers: 0,
-            tier_cached_tokens: 0,
-            tier_parked: TierParked::default(),
-            pending_summary: None,
-            summaries_dropped: 0,
+            admission: Admission::default(),
+            told: TierTold::default(),
+            summaries: Summaries::default(),
         }
     }
 
@@ -364,12 +217,11 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         engine: EngineCapacity,
         says_tier: bool,
     ) -> Result<(), TierError> {
-        if let Err(e) = self.check_engine(&engine, says_tier) {
-            self.refused_answers += 1;
-            return Err(e);
-        }
+        self.check_engine(&engine, says_tier)
+            .inspect_err(|_| self.told.refused += 1)?;
         self.capacity.set_engine(engine);
-        self.adopt_pending();
+        self.summaries
+            .adopt_pending((&mut self.capacity, &mut self.means, &mut self.lifetimes));
         Ok(())
     }
 
@@ -377,12 +229,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// tier no smaller than the GPU cache, and, when it `says_tier`
     /// (a host that speaks of tiers, telling none), no tier lost.
     pub fn check_engine(&self, engine: &EngineCapacity, says_tier: bool) -> Result<(), TierError> {
-        tier::check_answer(
-            engine,
-            says_tier,
-            self.capacity.engine_tokens(),
-            self.capacity.tier(),
-        )
+        tier::check_answer(engine, says_tier, &self.capacity)
     }
 
     /// The engine's host tier, if it told one.
@@ -472,7 +319,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// The tokens of the rotation: the shared prefix, the members' own
     /// tokens and those of the sessions parked in the host tier.
     fn rotation_tokens(&self) -> u64 {
-        self.shared_tokens() + self.own_sum + self.tier_parked.tokens()
+        self.shared_tokens() + self.own_sum + self.evicted.parked
     }
 
     /// `B` refill windows at the prefill rate, whatever the tier: past
@@ -508,7 +355,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// The ghosts freed after the oldest member between turns.
     fn ghost_tokens(&self) -> u64 {
         self.oldest_idle_release()
-            .map_or(0, |oldest| self.ghosts.own_freed_after(oldest))
+            .map_or(0, |oldest| self.evicted.own_freed_after(oldest))
     }
 
     /// The own tokens out of `footprint` of the session at `s`.
@@ -544,7 +391,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// the working set and keeps its grant until its attempt collects it
     /// with [`WorkingSet::request`]. Returns them, with why.
     pub fn admit_waiting(&mut self, now: u64, out: &mut Vec<(K, Verdict)>) {
-        self.end_windows(now);
+        self.expire(now);
         self.admit_queue_heads(now, out);
     }
 
@@ -556,16 +403,70 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
 
     /// Whether `key` is waiting in the queue.
     pub fn is_waiting(&self, key: &K) -> bool {
-        self.slots
-            .get(key)
-            .is_some_and(|&s| self.sessions[s].waiting().is_some())
+        self.queue_position(key).is_some()
     }
 
-    /// Whether `key` is in the working set.
+    /// Whether `key` is in the working set (its stays are numbered from 1).
     pub fn is_member(&self, key: &K) -> bool {
-        self.slots
-            .get(key)
-            .is_some_and(|&s| self.sessions[s].member().is_some())
+        self.membership(key) > 0
+    }
+
+    /// Whether `key`'s turn waiting in the queue finds its prefix gone from
+    /// this engine as the working set counts it (module `resume`): not for
+    /// a member or a session parked in the host tier; `None` for a session
+    /// neither waiting nor a member.
+    pub fn waiting_cache_gone(&self, key: &K) -> Option<bool> {
+        resume::cache_gone(&self.sessions[*self.slots.get(key)?])
+    }
+
+    /// Whether holding sessions out pays, as last decided for a queue head.
+    pub fn holding_pays(&self) -> bool {
+        !self.admission.running_cold
+    }
+
+    /// The engine's longest sequence, tokens, if the host told it.
+    pub fn max_model_len(&self) -> Option<u64> {
+        self.capacity.max_model_len()
+    }
+
+    /// Tells `key`'s budget, before or at its first turn (a record is made
+    /// for a session not yet seen, forgotten with it). A later budget
+    /// replaces it. A refused one changes nothing.
+    pub fn set_budget(&mut self, key: &K, budget: Budget) -> Result<(), HintError> {
+        self.check_budget(&budget)?;
+        let s = self.slot_or_insert(key);
+        self.sessions[s].history.budget = budget;
+        Ok(())
+    }
+
+    /// Whether `budget` may be stored: no figure 0, its tokens within the
+    /// engine's `max_model_len` where that is known.
+    pub fn check_budget(&self, budget: &Budget) -> Result<(), HintError> {
+        budget.check(self.max_model_len())
+    }
+
+    /// `key`'s budget as told (`None`: the session is not known).
+    pub fn budget(&self, key: &K) -> Option<Budget> {
+        let &s = self.slots.get(key)?;
+        Some(self.sessions[s].history.budget())
+    }
+
+    /// What this working set learned, with its engine's identity.
+    pub(crate) fn learned(&self) -> Learned {
+        Learned::of(&self.capacity, &self.means, &self.lifetimes)
+    }
+
+    /// Adopts a summary's figures, replacing what was learned ([`Summaries::adopt`]).
+    pub(crate) fn adopt(&mut self, learned: Learned) -> Result<(), SummaryError> {
+        self.summaries.adopt(
+            learned,
+            (&mut self.capacity, &mut self.means, &mut self.lifetimes),
+        )
+    }
+
+    /// Whether a summary waits for the engine's first answer.
+    pub fn summary_pending(&self) -> bool {
+        self.summaries.pending.is_some()
     }
 
     /// Figures for monitoring.
@@ -579,14 +480,14 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             window_ns: self.window_ns(),
             rebuild_secs_per_token: self.capacity.secs_per_token(),
             rebuild_secs_per_pair: self.capacity.secs_per_pair(),
-            parked: self.parked,
-            holding: self.holding,
+            parked: self.admission.parked,
+            holding: !self.admission.running_cold,
             horizon_turns: self.means.turns_in(self.window_ns()),
             tier_tokens: self.capacity.tier().map_or(0, |t| t.tokens),
-            refused_answers: self.refused_answers,
-            tier_cached_tokens: self.tier_cached_tokens,
-            tier_parked_tokens: self.tier_parked.tokens(),
-            summaries_dropped: self.summaries_dropped,
+            refused_answers: self.told.refused,
+            tier_cached_tokens: self.told.tier_cached,
+            tier_parked_tokens: self.evicted.parked,
+            summaries_dropped: self.summaries.dropped,
         }
     }
 }

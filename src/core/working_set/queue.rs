@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Slot;
+use super::types::Slot;
 
 /// The queue, by sequence number.
 #[derive(Debug, Default)]

@@ -19,7 +19,7 @@
 //! refill window is not (module docs of the working set).
 //!
 //! The host tells `a` and `b` with the capacity answer
-//! ([`EngineCapacity::with_rebuild_cost`]), as the vLLM plugin fits them to
+//! ([`EngineCapacity::with_rebuild_cost`](super::EngineCapacity::with_rebuild_cost)), as the vLLM plugin fits them to
 //! the engine's own steps. Where the engine also measures its prefill rate
 //! `r`, `a = 1/r`: a rebuild runs in the engine's batches like any prefill,
 //! and `r` is what prefill costs in them. A host that tells no cost gets
@@ -29,8 +29,6 @@
 //! `b`. A slow turn (a busy engine, a long output) never raises it.
 
 use std::fmt;
-
-use super::EngineCapacity;
 
 /// The engine's cost of prefilling: seconds per token and per attended
 /// query-key pair. Built only by [`RebuildCost::new`], which refuses terms
@@ -108,14 +106,6 @@ impl RebuildCost {
 pub(super) fn pairs(prefix: u64, own: u64) -> f64 {
     let (p, n) = (prefix as f64, own as f64);
     n * p + n * (n + 1.0) / 2.0
-}
-
-impl EngineCapacity {
-    /// This answer with what the engine's prefill costs.
-    pub fn with_rebuild_cost(mut self, cost: RebuildCost) -> Self {
-        self.rebuild_cost = Some(cost);
-        self
-    }
 }
 
 /// The per-pair term learned from turns, for a host that tells no cost.

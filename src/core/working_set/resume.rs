@@ -9,23 +9,17 @@
 //! as a withdrawn attempt does, and its history stays until the session
 //! ends or is forgotten.
 
-use std::hash::Hash;
+use super::lifecycle::{Session, Stage};
 
-use super::lifecycle::Stage;
-use super::WorkingSet;
-
-impl<K: Clone + Eq + Hash> WorkingSet<K> {
-    /// Whether `key`'s turn waiting in the queue finds its prefix gone from
-    /// this engine as the working set counts it. `Some(false)`: a member
-    /// (its grant not collected yet), or parked in the host tier: its cache
-    /// is still here. `None`: the session neither waits nor is a member.
-    pub fn waiting_cache_gone(&self, key: &K) -> Option<bool> {
-        let r = &self.sessions[*self.slots.get(key)?];
-        match r.stage {
-            Stage::Member(_) => Some(false),
-            Stage::Waiting(_) => Some(r.parked_in_tier.is_none()),
-            Stage::Away => None,
-        }
+/// Whether the waiting turn of session `r` finds its prefix gone.
+/// `Some(false)`: a member (its grant not collected yet), or parked in the
+/// host tier: its cache is still here. `None`: the session neither waits
+/// nor is a member.
+pub(super) fn cache_gone<K>(r: &Session<K>) -> Option<bool> {
+    match r.stage {
+        Stage::Member(_) => Some(false),
+        Stage::Waiting(w) => Some(!w.parked),
+        Stage::Away | Stage::Parked => None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The members between turns in the order the engine will evict their
-//! blocks ([`IdleList`]), and the sessions that left whose blocks it still
-//! holds ([`Ghosts`]).
+//! blocks ([`IdleList`]), and the sessions that left whose blocks the
+//! engine or its host tier still holds, in one list in the order they left,
+//! each saying where ([`Evicted`]).
 //!
 //! vLLM frees a finished request's blocks to the tail of its free queue
 //! and allocates from the head: the least recently freed blocks are
@@ -13,7 +14,7 @@ use std::collections::VecDeque;
 use slab::Slab;
 
 use super::lifecycle::{Links, Session};
-use super::Slot;
+use super::types::Slot;
 
 /// The members between turns, by release, as a list threaded through
 /// their records: a member leaves it from wherever it is at once, and
@@ -93,98 +94,183 @@ impl IdleList {
     }
 }
 
-/// Sessions that left the working set (parked, window over, finished),
-/// whose blocks the engine may still hold: each with when its blocks were
-/// freed and its own tokens, in order of release. A ghost freed after the
-/// oldest member between turns still holds cache that the engine would
-/// otherwise take from that member, so it counts against the capacity
-/// until then; older ones are dropped as they stop counting.
-#[derive(Debug)]
-pub(super) struct Ghosts<K> {
-    /// (released at, own tokens, session), oldest first.
-    by_release: VecDeque<(u64, u64, K)>,
-    /// Their own tokens, summed.
-    own_sum: u64,
+/// Where a host tier holds what a session that left kept cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum InTier {
+    /// Nowhere (no tier told, the session rejoined, or the tier evicted it).
+    No,
+    /// Parked there, the session at this slot: it may return by a copy.
+    Parked(Slot),
+    /// The blocks of a session that ended, until the tier evicts them.
+    Ended,
 }
 
-impl<K> Default for Ghosts<K> {
+/// One session that left: its own tokens, when they were freed while they
+/// count as a ghost, and where the tier holds them.
+#[derive(Debug)]
+struct Left<K> {
+    key: K,
+    own: u64,
+    ghost: Option<u64>,
+    tier: InTier,
+}
+
+/// The sessions that left the working set (parked, window over, finished)
+/// whose blocks are still held, in the order they left, each saying where:
+/// as a **ghost** in the engine's free queue, and in the host tier.
+///
+/// A ghost freed after the oldest member between turns still holds cache
+/// that the engine would otherwise take from that member, so it counts
+/// against the capacity until then; older ones are dropped as they stop
+/// counting. The tier evicts least recently used first, in this order: the
+/// sessions parked there, which may return, and the blocks of sessions
+/// that ended. An entry goes once neither holds it.
+#[derive(Debug)]
+pub(super) struct Evicted<K> {
+    left: VecDeque<Left<K>>,
+    /// The ghosts' own tokens, summed.
+    ghost_sum: u64,
+    /// Own tokens of the sessions parked in the tier (that may return).
+    pub(super) parked: u64,
+    /// How many sessions are parked there (one may have no own tokens:
+    /// its history all shared).
+    pub(super) parked_sessions: usize,
+    /// Own tokens in the tier of the sessions that ended.
+    pub(super) ended: u64,
+}
+
+impl<K> Default for Evicted<K> {
     fn default() -> Self {
+        let (ghost_sum, parked, parked_sessions, ended) = (0, 0, 0, 0);
+        let left = VecDeque::new();
         Self {
-            by_release: VecDeque::new(),
-            own_sum: 0,
+            left,
+            ghost_sum,
+            parked,
+            parked_sessions,
+            ended,
         }
     }
 }
 
-impl<K: PartialEq> Ghosts<K> {
-    /// A ghost of `key` whose blocks were freed at `released`, after any
-    /// freed at the same time.
-    pub(super) fn insert(&mut self, released: u64, own: u64, key: K) {
-        let at = self.by_release.partition_point(|(r, _, _)| *r <= released);
-        self.by_release.insert(at, (released, own, key));
-        self.own_sum += own;
+impl<K: PartialEq> Evicted<K> {
+    /// `key` left with `own` tokens of its own, freed at `released`, held
+    /// by the tier as `tier`: listed as the newest.
+    pub(super) fn leave(&mut self, key: K, released: u64, own: u64, tier: InTier) {
+        self.ghost_sum += own;
+        self.count(own, tier, true);
+        let ghost = Some(released);
+        self.left.push_back(Left {
+            key,
+            own,
+            ghost,
+            tier,
+        });
+    }
+
+    /// Counts (`add`) or uncounts `own` tokens the tier holds as `tier`.
+    fn count(&mut self, own: u64, tier: InTier, add: bool) {
+        let (parked, n) = (&mut self.parked, &mut self.parked_sessions);
+        match (tier, add) {
+            (InTier::Parked(_), true) => (*parked, *n) = (*parked + own, *n + 1),
+            (InTier::Parked(_), false) => (*parked, *n) = (*parked - own, *n - 1),
+            (InTier::Ended, true) => self.ended += own,
+            (InTier::Ended, false) => self.ended -= own,
+            (InTier::No, _) => {}
+        }
     }
 
     /// The own tokens of the ghosts freed after `oldest`.
     pub(super) fn own_freed_after(&self, oldest: u64) -> u64 {
-        match self.by_release.front() {
-            None => 0,
-            Some((first, _, _)) if *first > oldest => self.own_sum,
-            Some(_) => {
-                let at = self.by_release.partition_point(|(r, _, _)| *r <= oldest);
-                self.by_release.range(at..).map(|(_, own, _)| *own).sum()
-            }
-        }
+        let after = self
+            .left
+            .iter()
+            .filter(|l| l.ghost.is_some_and(|r| r > oldest));
+        after.map(|l| l.own).sum()
     }
 
     /// Drops the ghosts freed at or before `oldest` (all of them when no
     /// member is between turns: none protects anything any more).
     pub(super) fn drop_freed_by(&mut self, oldest: Option<u64>) {
-        let Some(oldest) = oldest else {
-            self.by_release.clear();
-            self.own_sum = 0;
-            return;
-        };
-        while let Some(&(released, own, _)) = self.by_release.front() {
-            if released > oldest {
-                break;
-            }
-            self.by_release.pop_front();
-            self.own_sum -= own;
-        }
+        self.drop_ghosts(|l| l.ghost.is_some_and(|r| oldest.is_none_or(|o| r <= o)));
     }
 
-    /// Drops `key`'s ghost: its blocks are its own again.
+    /// Drops `key`'s ghosts: its blocks are its own again.
     pub(super) fn forget(&mut self, key: &K) {
-        let own_sum = &mut self.own_sum;
-        self.by_release.retain(|(_, own, k)| {
-            let keep = k != key;
-            if !keep {
-                *own_sum -= own;
+        self.drop_ghosts(|l| l.ghost.is_some() && l.key == *key);
+    }
+
+    fn drop_ghosts(&mut self, dropped: impl Fn(&Left<K>) -> bool) {
+        let sum = &mut self.ghost_sum;
+        self.left.retain_mut(|l| {
+            if dropped(l) {
+                (l.ghost, *sum) = (None, *sum - l.own);
             }
-            keep
+            l.ghost.is_some() || l.tier != InTier::No
         });
     }
 
-    pub(super) fn keys(&self) -> impl Iterator<Item = &K> {
-        self.by_release.iter().map(|(_, _, k)| k)
+    /// The session at `s`, parked in the tier, rejoined (`to`: `No`) or
+    /// ended, its blocks staying there (`to`: `Ended`).
+    pub(super) fn unpark(&mut self, s: Slot, to: InTier) {
+        let at = self.left.iter().position(|l| l.tier == InTier::Parked(s));
+        self.move_in_tier(at.expect("a session parked in the tier is listed"), to);
     }
 
-    /// In order of release, and the sum right.
-    pub(super) fn audit(&self) -> Result<(), String> {
-        let in_order = self
-            .by_release
-            .iter()
-            .zip(self.by_release.iter().skip(1))
-            .all(|(a, b)| a.0 <= b.0);
-        if !in_order {
-            return Err("ghosts out of release order".into());
+    /// The tier evicts the oldest of what it holds: returns the slot of the
+    /// session parked there, if it was one (`None`: the tier holds nothing).
+    pub(super) fn evict_oldest(&mut self) -> Option<Option<Slot>> {
+        let at = self.left.iter().position(|l| l.tier != InTier::No)?;
+        Some(match self.move_in_tier(at, InTier::No) {
+            InTier::Parked(s) => Some(s),
+            _ => None,
+        })
+    }
+
+    /// The entry at `at` is held by the tier as `to` now; returns how it was.
+    fn move_in_tier(&mut self, at: usize, to: InTier) -> InTier {
+        let (own, from) = (self.left[at].own, self.left[at].tier);
+        self.count(own, from, false);
+        self.count(own, to, true);
+        self.left[at].tier = to;
+        if to == InTier::No && self.left[at].ghost.is_none() {
+            self.left.remove(at);
         }
-        let sum: u64 = self.by_release.iter().map(|(_, own, _)| *own).sum();
-        if sum != self.own_sum {
+        from
+    }
+
+    /// Every entry held somewhere, and in the tier only if one was `told`;
+    /// no ghost a member's; every session listed in the tier `parked`
+    /// there; the sums and the count right.
+    pub(super) fn audit(
+        &self,
+        told: bool,
+        is_member: impl Fn(&K) -> bool,
+        parked: impl Fn(Slot) -> bool,
+    ) -> Result<(), String> {
+        let mut sums = (0, 0, 0, 0);
+        for l in &self.left {
+            let wrong = match l.tier {
+                InTier::No if l.ghost.is_none() => Some("held nowhere"),
+                InTier::Parked(_) | InTier::Ended if !told => Some("in a tier never told"),
+                InTier::Parked(s) if !parked(s) => Some("listed in the tier, not parked"),
+                _ if l.ghost.is_some() && is_member(&l.key) => Some("a member's ghost"),
+                _ => None,
+            };
+            if let Some(wrong) = wrong {
+                return Err(format!("a session that left is {wrong}"));
+            }
+            sums.0 += l.ghost.map_or(0, |_| l.own);
+            match l.tier {
+                InTier::Parked(_) => (sums.1, sums.2) = (sums.1 + l.own, sums.2 + 1),
+                InTier::Ended => sums.3 += l.own,
+                InTier::No => {}
+            }
+        }
+        let counted = (self.ghost_sum, self.parked, self.parked_sessions);
+        if sums != (counted.0, counted.1, counted.2, self.ended) {
             return Err(format!(
-                "ghosts' own_sum {} but they add up to {sum}",
-                self.own_sum
+                "those that left add up to {sums:?}, not {counted:?}"
             ));
         }
         Ok(())

@@ -5,7 +5,9 @@
 use std::hash::Hash;
 
 use super::prefix_tree::{self, Moved, NodeId};
-use super::{PromptSketch, Slot, WorkingSet};
+use super::types::Slot;
+use super::WorkingSet;
+use crate::core::prompt::PromptSketch;
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// A turn of the session at `s` asks with a prompt sketched `sketch`:

@@ -10,106 +10,11 @@
 //! the policy: a tier smaller than the GPU cache (with write-through, the
 //! tier holds a copy of everything the GPU does), a reload rate that is not
 //! a finite positive number, tier hits larger than the turn's cached tokens.
+//! Sessions parked in the tier are a stage of the lifecycle (module
+//! `lifecycle`), listed in the tier's eviction order (module `roster`).
 
-use std::collections::VecDeque;
-use std::fmt;
-use std::hash::Hash;
-
-use super::{EngineCapacity, Slot, TurnReport, WorkingSet};
-
-/// The engine's host tier: its size and how fast it copies KV back.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub struct KvTier {
-    /// Tokens of KV the tier holds (vLLM: `kv_offloading_size` bytes over
-    /// the model's KV bytes per token).
-    pub tokens: u64,
-    /// Tokens of KV per second the engine copies from the tier back into
-    /// GPU memory (host-to-device bandwidth over KV bytes per token).
-    pub reload_tokens_per_sec: f64,
-}
-
-impl KvTier {
-    /// A tier of `tokens` tokens that reloads `reload_tokens_per_sec`.
-    /// Refuses an empty tier and a rate that is not finite and positive.
-    pub fn new(tokens: u64, reload_tokens_per_sec: f64) -> Result<Self, TierError> {
-        if tokens == 0 {
-            return Err(TierError::Empty);
-        }
-        if !(reload_tokens_per_sec.is_finite() && reload_tokens_per_sec > 0.0) {
-            return Err(TierError::ReloadRate(reload_tokens_per_sec));
-        }
-        Ok(Self {
-            tokens,
-            reload_tokens_per_sec,
-        })
-    }
-
-    /// Refuses a tier whose fields were set past [`KvTier::new`].
-    pub(super) fn check(&self) -> Result<(), TierError> {
-        Self::new(self.tokens, self.reload_tokens_per_sec).map(|_| ())
-    }
-}
-
-/// Why a tier figure was refused. The gate keeps what it knew before.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub enum TierError {
-    /// A tier of no tokens: a host without a tier tells none.
-    Empty,
-    /// The reload rate is zero, negative or not finite.
-    ReloadRate(f64),
-    /// The tier holds fewer tokens than the GPU cache: with write-through
-    /// it keeps a copy of every GPU block, so it cannot be smaller.
-    SmallerThanCache {
-        /// The tier's tokens.
-        tier_tokens: u64,
-        /// The GPU cache's tokens.
-        cache_tokens: u64,
-    },
-    /// An engine that told a tier answered without one: a tier is part of
-    /// the engine's configuration, fixed while it runs.
-    Disappeared,
-    /// A turn's report says the tier served more tokens than the turn found
-    /// cached at all (or tier hits without the cached tokens).
-    TierHitsOverCached {
-        /// Tokens the report says came from the tier.
-        tier_cached: u64,
-        /// The turn's cached tokens (0 when the report does not say).
-        cached: u64,
-    },
-}
-
-impl fmt::Display for TierError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Empty => write!(f, "a KV tier of 0 tokens (a host without a tier tells none)"),
-            Self::ReloadRate(r) => {
-                write!(f, "the KV tier's reload rate must be finite and > 0 tokens/s, not {r}")
-            }
-            Self::SmallerThanCache {
-                tier_tokens,
-                cache_tokens,
-            } => write!(
-                f,
-                "the KV tier ({tier_tokens} tokens) is smaller than the GPU cache ({cache_tokens} tokens)"
-            ),
-            Self::Disappeared => write!(
-                f,
-                "the engine told a KV tier before and none now (a tier is fixed while the engine runs)"
-            ),
-            Self::TierHitsOverCached {
-                tier_cached,
-                cached,
-            } => write!(
-                f,
-                "the turn's tier hits ({tier_cached} tokens) exceed its cached tokens ({cached})"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for TierError {}
+use super::capacity::Capacity;
+use super::types::{EngineCapacity, KvTier, TierError, TurnReport};
 
 impl EngineCapacity {
     /// This answer with the engine's host tier. Refuses a tier smaller
@@ -139,9 +44,28 @@ impl TurnReport {
 
     /// The tier hits of a report whose fields may have been set by hand:
     /// `None` when it says none or says more than its cached tokens.
-    pub(super) fn checked_tier_cached(&self) -> Option<u64> {
+    fn checked_tier_cached(&self) -> Option<u64> {
         let t = self.tier_cached_tokens?;
         check_tier_hits(self.cached_tokens, t).ok().map(|()| t)
+    }
+}
+
+/// What was counted of what the host told: answers and reports refused
+/// ([`TierError`]), and the cached tokens reports said the tier served.
+#[derive(Debug, Default)]
+pub(super) struct TierTold {
+    pub(super) refused: u64,
+    pub(super) tier_cached: u64,
+}
+
+impl TierTold {
+    /// Counts a turn report's tier hits, or its refusal.
+    pub(super) fn report(&mut self, report: &TurnReport) {
+        match report.checked_tier_cached() {
+            Some(t) => self.tier_cached += t,
+            None if report.tier_cached_tokens.is_some() => self.refused += 1,
+            None => {}
+        }
     }
 }
 
@@ -155,21 +79,20 @@ fn check_tier_hits(cached: Option<u64>, tier_cached: u64) -> Result<(), TierErro
     }
 }
 
-/// Checks an engine answer against what the gate knew: `known_cache` and
-/// `known_tier` from earlier answers. `says_tier`: the answer speaks of a
-/// tier (an answer that does not keeps the tier known).
+/// Checks an engine answer against what the gate knew from earlier
+/// answers (`known`). `says_tier`: the answer speaks of a tier (an answer
+/// that does not keeps the tier known).
 pub(super) fn check_answer(
     engine: &EngineCapacity,
     says_tier: bool,
-    known_cache: u64,
-    known_tier: Option<KvTier>,
+    known: &Capacity,
 ) -> Result<(), TierError> {
     let cache = if engine.tokens > 0 {
         engine.tokens
     } else {
-        known_cache
+        known.engine_tokens()
     };
-    let tier = match (engine.tier, known_tier) {
+    let tier = match (engine.tier, known.tier()) {
         (Some(t), _) => {
             t.check()?;
             t
@@ -185,199 +108,6 @@ pub(super) fn check_answer(
         });
     }
     Ok(())
-}
-
-/// A session's place among those parked in the host tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct TierPlace {
-    /// Its own tokens there.
-    own: u64,
-    /// When it was parked, in parks: orders the list.
-    seq: u64,
-}
-
-/// What the host tier holds beyond the members, in the order it evicts
-/// it (least recently used first; a session's blocks were last used at
-/// its last turn): the sessions that left the working set between turns,
-/// and the blocks of the sessions that ended.
-#[derive(Debug, Default)]
-pub(super) struct TierParked {
-    /// Oldest first: the session (`None` for one that ended), when it
-    /// left, its own tokens. A session's entry is skipped once it is no
-    /// longer parked at that place.
-    order: VecDeque<(Option<Slot>, u64, u64)>,
-    /// Own tokens of the sessions parked (that may return).
-    parked: u64,
-    /// How many sessions are parked (one may have no own tokens: its
-    /// history all shared).
-    parked_sessions: usize,
-    /// Own tokens of the sessions that ended, until evicted.
-    ended: u64,
-    /// Entries that still stand for something (parked sessions, ended
-    /// ones): the rest are skipped, and dropped once they are the most.
-    standing: usize,
-    next_seq: u64,
-}
-
-impl TierParked {
-    /// Lists what the session at `s` (`None`: one that ended) left in the
-    /// tier, `own` tokens, as the newest.
-    pub(super) fn park(&mut self, s: Option<Slot>, own: u64) -> TierPlace {
-        let place = TierPlace {
-            own,
-            seq: self.next_seq,
-        };
-        self.next_seq += 1;
-        self.order.push_back((s, place.seq, own));
-        self.standing += 1;
-        match s {
-            Some(_) => {
-                self.parked += own;
-                self.parked_sessions += 1;
-            }
-            None => self.ended += own,
-        }
-        place
-    }
-
-    /// Own tokens of the sessions parked, which may return.
-    pub(super) fn tokens(&self) -> u64 {
-        self.parked
-    }
-
-    /// Whether no session is parked.
-    pub(super) fn is_empty(&self) -> bool {
-        self.parked_sessions == 0
-    }
-}
-
-impl<K: Eq + Hash + Clone> WorkingSet<K> {
-    /// The session at `s` no longer counts as parked in the host tier (it
-    /// rejoined, ended, is presumed ended, or the tier evicted it).
-    pub(super) fn unpark_from_tier(&mut self, s: Slot) {
-        if let Some(place) = self.sessions[s].parked_in_tier.take() {
-            self.tier_parked.parked -= place.own;
-            self.tier_parked.parked_sessions -= 1;
-            self.tier_parked.standing -= 1;
-        }
-    }
-
-    /// The session at `s`, parked in the tier, ended (or is presumed to):
-    /// its blocks stay there, where they were, as an ended session's.
-    pub(super) fn end_in_tier(&mut self, s: Slot) {
-        let Some(place) = self.sessions[s].parked_in_tier.take() else {
-            return;
-        };
-        let t = &mut self.tier_parked;
-        t.parked -= place.own;
-        t.parked_sessions -= 1;
-        t.ended += place.own;
-        if let Some(entry) = t.order.iter_mut().find(|e| e.1 == place.seq) {
-            entry.0 = None;
-        }
-    }
-
-    /// Drops the oldest of what the host tier holds beyond the members
-    /// while it all outgrows the tier, as the tier evicts it: the blocks of
-    /// sessions that ended, and sessions parked, which then come back by a
-    /// recomputation, as a newcomer does.
-    pub(super) fn trim_tier(&mut self) {
-        let Some(tier) = self.capacity.tier() else {
-            return;
-        };
-        while self.rotation_tokens() + self.tier_parked.ended > tier.tokens {
-            let Some((s, seq, own)) = self.tier_parked.order.pop_front() else {
-                return;
-            };
-            match s {
-                None => {
-                    self.tier_parked.ended -= own;
-                    self.tier_parked.standing -= 1;
-                }
-                Some(s) if self.parked_at(s, seq) => self.unpark_from_tier(s),
-                Some(_) => {}
-            }
-        }
-        // Sessions that rejoined leave their entries behind: drop them once
-        // they outnumber the rest, so the list stays within twice what the
-        // tier holds.
-        let order = &self.tier_parked.order;
-        if order.len() > 2 * self.tier_parked.standing + 16 {
-            let mut order = std::mem::take(&mut self.tier_parked.order);
-            order.retain(|&(s, seq, _)| s.is_none_or(|s| self.parked_at(s, seq)));
-            self.tier_parked.order = order;
-        }
-    }
-
-    /// The list of what the tier holds agrees with the sessions: no member
-    /// is parked there, each parked session is listed once at its place,
-    /// the sums and the count of what stands are the entries', and without
-    /// a tier nothing is listed.
-    pub(super) fn audit_tier(&self) -> Result<(), String> {
-        let t = &self.tier_parked;
-        if self.capacity.tier().is_none() && !t.order.is_empty() {
-            return Err("sessions listed in a tier the engine never told".into());
-        }
-        let mut parked = 0;
-        let mut ended = 0;
-        let mut standing = 0;
-        for &(s, seq, own) in &t.order {
-            match s {
-                None => {
-                    ended += own;
-                    standing += 1;
-                }
-                Some(s) if self.parked_at(s, seq) => {
-                    parked += own;
-                    standing += 1;
-                }
-                Some(_) => {}
-            }
-        }
-        let sessions: u64 = self
-            .sessions
-            .iter()
-            .filter_map(|(_, r)| r.parked_in_tier.map(|p| p.own))
-            .sum();
-        let listed = self
-            .sessions
-            .iter()
-            .filter(|(_, r)| r.parked_in_tier.is_some())
-            .count();
-        let found = t
-            .order
-            .iter()
-            .filter(|&&(s, seq, _)| s.is_some_and(|s| self.parked_at(s, seq)))
-            .count();
-        if self
-            .sessions
-            .iter()
-            .any(|(_, r)| r.parked_in_tier.is_some() && r.member().is_some())
-        {
-            return Err("a member is also parked in the tier".into());
-        }
-        if listed != found || listed != t.parked_sessions {
-            return Err(format!(
-                "{listed} sessions parked in the tier, {found} listed, {} counted",
-                t.parked_sessions
-            ));
-        }
-        if (parked, ended, standing) != (t.parked, t.ended, t.standing) || parked != sessions {
-            return Err(format!(
-                "the tier's list adds up to parked {parked}, ended {ended}, standing {standing}, but counts {}, {}, {} (sessions: {sessions})",
-                t.parked, t.ended, t.standing
-            ));
-        }
-        Ok(())
-    }
-
-    /// Whether the session at `s` is parked in the tier at place `seq`.
-    fn parked_at(&self, s: Slot, seq: u64) -> bool {
-        self.sessions
-            .get(s)
-            .and_then(|r| r.parked_in_tier)
-            .is_some_and(|p| p.seq == seq)
-    }
 }
 
 #[cfg(test)]

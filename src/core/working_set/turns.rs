@@ -5,8 +5,10 @@
 use std::hash::Hash;
 
 use super::lifecycle::{Leaving, Session, Stage, ToolGap, Waiting};
+use super::types::{Slot, TurnReport, Verdict};
 use super::window::keeps_window;
-use super::{PromptSketch, Slot, TurnReport, Verdict, WorkingSet};
+use super::WorkingSet;
+use crate::core::prompt::PromptSketch;
 
 impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// A turn of `key` with a `prompt`-token prompt asks to be admitted at
@@ -27,7 +29,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         sketch: Option<&PromptSketch>,
         now: u64,
     ) -> Verdict {
-        self.end_windows(now);
+        self.expire(now);
         let s = self.slot_or_insert(key);
         if let Some(m) = self.sessions[s].member_mut() {
             if let Some(grant) = m.grant.take() {
@@ -65,13 +67,15 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     pub(super) fn enqueue(&mut self, s: Slot, prompt: u64, now: u64) {
         match &mut self.sessions[s].stage {
             Stage::Waiting(w) => w.prompt = prompt,
-            Stage::Away => {
+            Stage::Away | Stage::Parked => {
+                let parked = matches!(self.sessions[s].stage, Stage::Parked);
                 let at = self.queue.push(s);
                 self.sessions[s].stage = Stage::Waiting(Waiting {
                     at,
                     since: now,
                     prompt,
                     past_bound: false,
+                    parked,
                 });
             }
             Stage::Member(_) => unreachable!("a member does not queue"),
@@ -106,7 +110,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             unreachable!("a member asks");
         };
         m.in_flight += 1;
-        m.cold = !self.holding;
+        m.cold = self.admission.running_cold;
         if footprint > m.footprint {
             self.own_sum =
                 self.own_sum - history.own(m.footprint, shared) + history.own(footprint, shared);
@@ -162,7 +166,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     ) {
         let slot = self.slots.get(key).copied();
         if self.membership_at(slot) != membership {
-            self.end_windows(now);
+            self.expire(now);
             return;
         }
         // A turn let in cold says nothing of a hot turn's time (counting it
@@ -189,7 +193,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 None => self.silences.left(s, now),
             }
         }
-        self.end_windows(now);
+        self.expire(now);
         if slot.is_some() {
             self.shrink_to_fit(now, None);
         }
@@ -240,11 +244,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
         if let Some(out) = report.output_tokens {
             self.means.output_was(out);
         }
-        match report.checked_tier_cached() {
-            Some(t) => self.tier_cached_tokens += t,
-            None if report.tier_cached_tokens.is_some() => self.refused_answers += 1,
-            None => {}
-        }
+        self.told.report(&report);
         let Some(cached) = report.cached_tokens else {
             return;
         };

@@ -11,6 +11,7 @@
 use std::hash::Hash;
 
 use super::lifecycle::{Gaps, Leaving, Stage, ToolGap};
+use super::roster::InTier;
 use super::tuning::GAPS_TO_JUDGE;
 #[cfg(doc)]
 use super::tuning::GAP_SAMPLES;
@@ -30,10 +31,6 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
     /// Ends the windows that are over at `now` (and presumes ended the
     /// sessions quiet for long enough).
     pub fn expire(&mut self, now: u64) {
-        self.end_windows(now);
-    }
-
-    pub(super) fn end_windows(&mut self, now: u64) {
         while let Some(first) = self.idle.first {
             let released = self.sessions[first].member().map_or(0, |m| m.released_at);
             let until = released.saturating_add(self.window_ns());
@@ -58,7 +55,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
             };
             // Asked since, or a newer turn ended, or the slot is another
             // session's now.
-            let quiet = matches!(r.stage, Stage::Away)
+            let quiet = matches!(r.stage, Stage::Away | Stage::Parked)
                 && r.gap
                     == ToolGap::Open {
                         since: gone.released_at,
@@ -68,7 +65,7 @@ impl<K: Eq + Hash + Clone> WorkingSet<K> {
                 r.gap = ToolGap::Quiet {
                     since: gone.released_at,
                 };
-                self.end_in_tier(gone.slot);
+                self.out_of_tier(gone.slot, InTier::Ended);
             }
         }
     }
