@@ -222,8 +222,10 @@ def main() -> None:
     ap.add_argument("--slow-replica", type=int, default=None, help="slow this replica: pinned beside busy processes")
     ap.add_argument("--slow-cores", default=None, help="the slow replica's CPUs, e.g. '1' or '6,7' (default: the last CPU)")
     ap.add_argument("--hogs", type=int, default=2, help="busy processes pinned beside the slow replica")
-    ap.add_argument("--log-dir", default=None)
+    ap.add_argument("--log-dir", default=None, help="replica and router logs here (made if missing)")
     args = ap.parse_args()
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
     w = Workload(
         sessions=args.sessions, turns=args.turns, long_sessions=args.long_sessions,
         long_task_tokens=args.long_task_tokens, arrival_sec=args.arrival_sec,
