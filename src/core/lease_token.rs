@@ -35,7 +35,7 @@ pub struct Admission {
     pub retain_session: bool,
 }
 
-/// A granted lease as plain data: hand it back to [`Core::release`] exactly
+/// A granted lease as plain data: hand it back to [`Core::release`](super::Core::release) exactly
 /// once. The blocking gate wraps it in [`Lease`](crate::Lease), which does
 /// that on drop.
 #[must_use = "a lease that is never released keeps its session's reservation and starves waiters"]
