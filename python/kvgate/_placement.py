@@ -297,11 +297,11 @@ class Placement:
         """A turn sent to ``replica`` returned (ran, was refused, or failed),
         with its output tokens when it ran and they are known: the mean
         output learns from them."""
+        if output_tokens is not None and output_tokens < 0:
+            raise ValueError(f"output_tokens must be >= 0, not {output_tokens}")
         if self._running.get(replica, 0) > 0:
             self._running[replica] -= 1
         if output_tokens is not None:
-            if output_tokens < 0:
-                raise ValueError(f"output_tokens must be >= 0, not {output_tokens}")
             total, n = self._outputs
             self._outputs = (total + int(output_tokens), n + 1)
 
