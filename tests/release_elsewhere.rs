@@ -3,22 +3,17 @@
 //! of a session whose cache the gate holds hot is refused and keeps its
 //! place.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
-use kvgate::{AcquireError, AdmissionMode, Config, EngineCapacity, ReleaseError, TurnReport};
+use kvgate::core::{Core, Step};
+use kvgate::{AcquireError, AdmissionMode, Config, ReleaseError, TurnReport};
+
+#[path = "support/core_turns.rs"]
+mod core_turns;
+use core_turns::{admitted, ask};
 
 const SEC: u64 = 1_000_000_000;
-
-struct Counting(Arc<AtomicUsize>);
-
-impl Notify for Counting {
-    fn notify(&self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
 
 fn core(admission: AdmissionMode) -> Core {
     Core::new(Config {
@@ -27,39 +22,6 @@ fn core(admission: AdmissionMode) -> Core {
         ..Config::default()
     })
     .unwrap()
-}
-
-/// Begins `session`'s turn of `prompt` tokens and answers its usage probe
-/// (1000 tokens of KV in blocks of 1, refilled in 1 s).
-fn ask<'c>(
-    core: &'c Core,
-    session: &str,
-    prompt: usize,
-    now: u64,
-) -> (Attempt<&'c Core>, Arc<AtomicUsize>, Step) {
-    let wakes = Arc::new(AtomicUsize::new(0));
-    let mut attempt = core
-        .begin(
-            session.as_bytes(),
-            prompt,
-            now,
-            None,
-            Box::new(Counting(wakes.clone())),
-        )
-        .unwrap();
-    assert!(matches!(attempt.start(now).unwrap(), Step::ProbeUsage));
-    let engine = EngineCapacity::new(1000, 1, 1000.0);
-    let step = attempt
-        .on_cache_state(Some(0.1), Some(engine), now)
-        .unwrap();
-    (attempt, wakes, step)
-}
-
-fn admitted(step: Step) -> LeaseToken {
-    match step {
-        Step::Admitted(token) => token,
-        other => panic!("expected admission, got {other:?}"),
-    }
 }
 
 #[test]

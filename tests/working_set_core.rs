@@ -7,23 +7,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvgate::core::{Attempt, Core, LeaseToken, Notify, Step};
+use kvgate::core::{Attempt, Core, Step};
 use kvgate::{AcquireError, Config, EngineCapacity, Gate, ManualClock, Probe, Reason, TurnReport};
 
+#[path = "support/core_turns.rs"]
+mod core_turns;
+use core_turns::{admitted, engine};
+
 const SEC: u64 = 1_000_000_000;
-/// 1000 tokens of KV in blocks of 1, refilled in 1 s (1000 tokens/s).
-fn engine() -> EngineCapacity {
-    EngineCapacity::new(1000, 1, 1000.0)
-}
-
-struct Counting(Arc<AtomicUsize>);
-
-impl Notify for Counting {
-    fn notify(&self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
 struct Driven<'c> {
     attempt: Attempt<&'c Core>,
     wakes: Arc<AtomicUsize>,
@@ -39,28 +30,8 @@ fn core() -> Core {
 
 /// Begins `session`'s turn of `prompt` tokens and answers its usage probe.
 fn ask<'c>(core: &'c Core, session: &str, prompt: usize, now: u64) -> (Driven<'c>, Step) {
-    let wakes = Arc::new(AtomicUsize::new(0));
-    let mut attempt = core
-        .begin(
-            session.as_bytes(),
-            prompt,
-            now,
-            None,
-            Box::new(Counting(wakes.clone())),
-        )
-        .unwrap();
-    assert!(matches!(attempt.start(now).unwrap(), Step::ProbeUsage));
-    let step = attempt
-        .on_cache_state(Some(0.1), Some(engine()), now)
-        .unwrap();
+    let (attempt, wakes, step) = core_turns::ask(core, session, prompt, now);
     (Driven { attempt, wakes }, step)
-}
-
-fn admitted(step: Step) -> LeaseToken {
-    match step {
-        Step::Admitted(token) => token,
-        other => panic!("expected admission, got {other:?}"),
-    }
 }
 
 #[test]

@@ -62,6 +62,19 @@ def reference_gate(engine: ToyEngine):
     gate.close()
 
 
+#: The engine of the working-set tests: 1000 tokens in blocks of 16,
+#: prefilled at 4000 tokens/s (a window of 0.25 s).
+WORKING_SET_CAPACITY = kvgate.Capacity(tokens=1000, block_tokens=16, prefill_tokens_per_sec=4000.0)
+
+
+def working_set_gate(engine: ToyEngine) -> kvgate.Gate:
+    """A working-set gate over `engine`, told WORKING_SET_CAPACITY and 50%
+    usage, polling every 30 s (a waiter wakes by hand-over, not by poll)."""
+    engine.capacity_value = WORKING_SET_CAPACITY
+    engine.usage_value = 0.5
+    return kvgate.Gate(kvgate.Config(wait_poll_sec=30), engine.probes())
+
+
 def run(coro, patience: float = PATIENCE):
     """asyncio.run with a bound: a hang fails the test."""
 

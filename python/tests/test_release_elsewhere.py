@@ -10,15 +10,7 @@ import pytest
 
 import kvgate
 
-from conftest import run, until
-
-CAPACITY = kvgate.Capacity(tokens=1000, block_tokens=16, prefill_tokens_per_sec=4000.0)
-
-
-def working_set_gate(engine):
-    engine.capacity_value = CAPACITY
-    engine.usage_value = 0.5
-    return kvgate.Gate(kvgate.Config(wait_poll_sec=30), engine.probes())
+from conftest import run, until, working_set_gate
 
 
 def test_a_waiting_new_session_is_released_a_member_is_refused(engine):

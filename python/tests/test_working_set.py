@@ -8,15 +8,7 @@ import asyncio
 import kvgate
 from kvgate import Reason
 
-from conftest import run, until
-
-CAPACITY = kvgate.Capacity(tokens=1000, block_tokens=16, prefill_tokens_per_sec=4000.0)  # window 0.25 s
-
-
-def working_set_gate(engine):
-    engine.capacity_value = CAPACITY
-    engine.usage_value = 0.5
-    return kvgate.Gate(kvgate.Config(wait_poll_sec=30), engine.probes())
+from conftest import run, until, working_set_gate
 
 
 def test_admission_and_capacity(engine):
