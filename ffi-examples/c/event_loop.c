@@ -366,6 +366,20 @@ static void check_misuse(loop *l, session *s) {
     printf("%s: misuse refused (out_of_order, invalid_argument) with messages\n", l->sc->name);
 }
 
+/* A gate running the seed's table, polling every 30 s (the checks below
+ * step attempts by hand; no poll comes due while they run). */
+static kvgate_gate *reference_gate(void) {
+    kvgate_config *config = kvgate_config_new();
+    kvgate_gate *gate = NULL;
+    CHECK(config != NULL);
+    CHECK_STATUS(kvgate_config_set_admission_mode(config, KVGATE_ADMISSION_MODE_REFERENCE),
+                 KVGATE_OK);
+    CHECK_STATUS(kvgate_config_set_wait_poll_sec(config, 30.0), KVGATE_OK);
+    CHECK_STATUS(kvgate_new(config, &gate), KVGATE_OK);
+    kvgate_config_free(config);
+    return gate;
+}
+
 static void on_wake_callback(void *user_data, uint64_t tag) {
     /* Runs under gate locks: only enqueue. */
     uint64_t *last = user_data;
@@ -376,7 +390,6 @@ static void on_wake_callback(void *user_data, uint64_t tag) {
    newer one preempts is called back with its tag at once (here from inside
    the newer kvgate_attempt_begin, on this thread). */
 static void check_callback_waker(void) {
-    kvgate_config *config = kvgate_config_new();
     kvgate_gate *gate = NULL;
     kvgate_waker *cb = NULL;
     kvgate_attempt *older = NULL;
@@ -388,12 +401,7 @@ static void check_callback_waker(void) {
     int32_t fd = -1;
     const uint8_t *id = (const uint8_t *)"agent-cb";
 
-    CHECK(config != NULL);
-    CHECK_STATUS(kvgate_config_set_admission_mode(config, KVGATE_ADMISSION_MODE_REFERENCE),
-                 KVGATE_OK);
-    CHECK_STATUS(kvgate_config_set_wait_poll_sec(config, 30.0), KVGATE_OK);
-    CHECK_STATUS(kvgate_new(config, &gate), KVGATE_OK);
-    kvgate_config_free(config);
+    gate = reference_gate();
 
     CHECK_STATUS(kvgate_waker_new_callback(on_wake_callback, &last, &cb), KVGATE_OK);
     CHECK_STATUS(kvgate_waker_fd(cb, &fd), KVGATE_INVALID_ARGUMENT);
@@ -782,7 +790,6 @@ static void run(const scenario *sc) {
    (PREEMPTED, also the session's num_preempted) while the attempt slept,
    a probe that hung past the attempt's timeout (TIMED_OUT). */
 static void check_host_ended_attempts(void) {
-    kvgate_config *config = kvgate_config_new();
     kvgate_gate *gate = NULL;
     kvgate_waker *w = NULL;
     kvgate_attempt *slept = NULL;
@@ -792,12 +799,7 @@ static void check_host_ended_attempts(void) {
     kvgate_session_stats ss;
     const uint8_t *id = (const uint8_t *)"agent-end";
 
-    CHECK(config != NULL);
-    CHECK_STATUS(kvgate_config_set_admission_mode(config, KVGATE_ADMISSION_MODE_REFERENCE),
-                 KVGATE_OK);
-    CHECK_STATUS(kvgate_config_set_wait_poll_sec(config, 30.0), KVGATE_OK);
-    CHECK_STATUS(kvgate_new(config, &gate), KVGATE_OK);
-    kvgate_config_free(config);
+    gate = reference_gate();
     CHECK_STATUS(kvgate_waker_new(&w), KVGATE_OK);
 
     /* Under pressure with nothing resident: it sleeps; the host preempts it. */
